@@ -1,0 +1,27 @@
+# RF-DETR Nano trained from scratch on COCO2017: download -> extract -> verify -> (stage + train blocks) -> plot.
+# See README.md. Settings: config.yaml (validated against schemas/config.schema.yaml).
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: "config.yaml"
+
+
+# Validates the config first: an invalid value stops here, before any job, naming the key.
+include: "rules/common.smk"
+include: "rules/download.smk"
+include: "rules/extract.smk"
+include: "rules/verify.smk"
+include: "rules/train.smk"
+include: "rules/plot.smk"
+
+
+report: "report/workflow.rst"
+
+
+rule all:
+    default_target: True
+    input:
+        # The training outputs are final targets too, so a failed retrain can't leave an old plot looking current.
+        final_targets(),

@@ -1,0 +1,125 @@
+import json
+import os
+import sys
+from pathlib import Path
+
+from snakemake.exceptions import WorkflowError
+
+sys.path.insert(0, workflow.basedir)
+from scripts.blocks import block_name, block_ranges
+from scripts.common import CONFIG_ENV
+from scripts.config_check import ConfigError, validate_config
+
+try:
+    validate_config(config, Path(workflow.basedir) / "schemas" / "config.schema.yaml")
+except ConfigError as error:
+    raise WorkflowError(str(error)) from None
+
+# Rules run `python -m scripts.<stage>`: that must be the interpreter running snakemake (a conda env,
+# when used, is activated in the job's shell and comes first), with this folder importable.
+os.environ.update(
+    PATH=os.pathsep.join(
+        [str(Path(sys.executable).parent), os.environ.get("PATH", "")]
+    ),
+    PYTHONPATH=os.pathsep.join(
+        filter(None, [workflow.basedir, os.environ.get("PYTHONPATH")])
+    ),
+)
+# How-to-run settings reach the scripts through the environment, not params: changing them never
+# reruns a finished job (see scripts/common.py: pipeline_config).
+os.environ[CONFIG_ENV] = json.dumps(config)
+
+DATA = Path(config["data_dir"])
+ARCHIVES = DATA / "archives"
+DATASET = DATA / "coco2017"
+RESULTS = Path(config["results_dir"])
+LOGS = RESULTS / "logs"
+BENCHMARKS = RESULTS / "benchmarks"
+TRAIN = RESULTS / "train"
+
+ARCHIVE_NAMES = list(config["archives"])
+FOLDERS = [config["archives"][name]["folder"] for name in ARCHIVE_NAMES]
+ARCHIVE_OF_FOLDER = dict(zip(FOLDERS, ARCHIVE_NAMES))
+BLOCKS = {
+    block_name(i + 1): epochs
+    for i, epochs in enumerate(
+        block_ranges(config["train"]["epochs"], config["train"]["epochs_per_block"])
+    )
+}
+BLOCK_OUTPUTS = [
+    "checkpoint.ckpt",
+    "best.pth",
+    "metrics.csv",
+    "epochs.json",
+    "run.json",
+    "stage.json",
+]
+# Settings that shape the trained weights: a change reruns training (README: what triggers a retrain).
+RECIPE = {
+    key: config["train"][key]
+    for key in (
+        "epochs",
+        "seed",
+        "lr",
+        "lr_encoder",
+        "warmup_epochs",
+        "resolution",
+        "grad_accum_steps",
+        "multi_scale",
+        "square_resize_div_64",
+        "eval_interval",
+        "gpus",
+        "lr_scaling",
+    )
+}
+
+
+wildcard_constraints:
+    archive="|".join(ARCHIVE_NAMES),
+    folder="|".join(FOLDERS),
+    block="|".join(BLOCKS),
+
+
+def archive_path(name):
+    return str(ARCHIVES / f"{name}.zip")
+
+
+def previous_extraction(wildcards):
+    """Download archives one at a time, each after the previous one is extracted (and deleted)."""
+    index = ARCHIVE_NAMES.index(wildcards.archive)
+    if index == 0:
+        return []
+    return str(DATASET / config["archives"][ARCHIVE_NAMES[index - 1]]["folder"])
+
+
+def block_outputs(block):
+    return {Path(name).stem: str(TRAIN / block / name) for name in BLOCK_OUTPUTS}
+
+
+def previous_block(wildcards):
+    names = list(BLOCKS)
+    index = names.index(wildcards.block)
+    return block_outputs(names[index - 1]) if index else {}
+
+
+def train_mem_mb(wildcards):
+    staged = sum(a["extracted_bytes"] for a in config["archives"].values()) // 10**6
+    return config["resources"]["train_mem_mb"] + (
+        staged if config["stage"]["enabled"] else 0
+    )
+
+
+def train_runtime(wildcards):
+    start, end = BLOCKS[wildcards.block]
+    return int(30 + config["resources"]["train_minutes_per_epoch"] * (end - start))
+
+
+def final_targets():
+    last = list(BLOCKS)[-1]
+    return [
+        *block_outputs(last).values(),
+        str(RESULTS / "metrics.csv"),
+        str(RESULTS / "plots" / "loss.png"),
+        str(RESULTS / "plots" / "map.png"),
+        str(RESULTS / "plots" / "summary.txt"),
+    ]

@@ -1,0 +1,39 @@
+rule plot_metrics:
+    input:
+        blocks=expand(
+            TRAIN / "{block}" / "{name}",
+            block=BLOCKS,
+            name=["metrics.csv", "epochs.json", "run.json"],
+        ),
+    output:
+        metrics=RESULTS / "metrics.csv",
+        loss=report(
+            RESULTS / "plots" / "loss.png",
+            caption="../report/loss.rst",
+            category="Training",
+        ),
+        map=report(
+            RESULTS / "plots" / "map.png",
+            caption="../report/map.rst",
+            category="Training",
+        ),
+        summary=report(
+            RESULTS / "plots" / "summary.txt",
+            caption="../report/summary.rst",
+            category="Training",
+        ),
+    log:
+        LOGS / "plot" / "plot.log",
+    benchmark:
+        BENCHMARKS / "plot" / "plot.tsv"
+    conda:
+        "../envs/pipeline.yaml"
+    resources:
+        mem_mb=config["resources"]["plot_mem_mb"],
+    params:
+        blocks=[TRAIN / block for block in BLOCKS],
+    message:
+        "Plotting loss and mAP from {output.metrics}"
+    shell:
+        "python -m scripts.plot --blocks {params.blocks:q} --metrics {output.metrics:q} "
+        "--loss-plot {output.loss:q} --map-plot {output.map:q} --summary {output.summary:q} 2>&1 | tee {log:q}"

@@ -1,0 +1,41 @@
+# Staging runs inside each training job, not as a job of its own: /dev/shm belongs to the node that
+# trains (and a reboot empties it), so only the training job can know the copy is there.
+rule train_block:
+    input:
+        # The previous block's outputs, and (ancient: re-verifying the same data, which gives it a new
+        # mtime, must not retrain; a recipe change does, through params) the dataset report.
+        unpack(previous_block),
+        dataset=ancient(RESULTS / "verify" / "dataset.json"),
+    output:
+        **block_outputs("{block}"),
+    log:
+        stage=LOGS / "train" / "{block}.stage.log",
+        train=LOGS / "train" / "{block}.log",
+    benchmark:
+        BENCHMARKS / "train" / "{block}.tsv"
+    conda:
+        "../envs/pipeline.yaml"
+    threads: workflow.cores
+    resources:
+        gpu=config["train"]["gpus"],
+        mem_mb=train_mem_mb,
+        runtime=train_runtime,
+    params:
+        recipe=json.dumps(RECIPE),
+        first=lambda w: BLOCKS[w.block][0] + 1,
+        start=lambda w: BLOCKS[w.block][0],
+        end=lambda w: BLOCKS[w.block][1],
+        previous=lambda w, input: (
+            Path(input.checkpoint).parent if "checkpoint" in input.keys() else ""
+        ),
+        dataset=DATASET,
+        state=TRAIN / "state",
+        outdir=lambda w: TRAIN / w.block,
+    message:
+        "Training epochs {params.first}-{params.end} ({wildcards.block}; log: {log.train})"
+    shell:
+        "python -m scripts.stage --source {params.dataset:q} --report {output.stage:q} "
+        "--workers {threads} 2>&1 | tee {log.stage:q} && "
+        "python -m scripts.train --recipe {params.recipe:q} --start-epoch {params.start} "
+        "--end-epoch {params.end} --previous-block={params.previous:q} --stage-report {output.stage:q} "
+        "--state-root {params.state:q} --outdir {params.outdir:q} --threads {threads} 2>&1 | tee {log.train:q}"

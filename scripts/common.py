@@ -1,0 +1,73 @@
+"""Helpers shared by the stage scripts: logging, byte formatting, atomic JSON files."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("pipeline")
+
+
+class StageError(RuntimeError):
+    """A failure the user can act on: the message says what is wrong and what to do."""
+
+
+def setup_logging() -> None:
+    """Log to stderr, which each rule sends to its log file (and the terminal)."""
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(message)s",
+        datefmt="%Y-%m-%d %H:%M:%S",
+        stream=sys.stderr,
+        force=True,
+    )
+
+
+def run_main(main: Any) -> None:
+    """Run a stage's entry point; a StageError ends it with its message and exit code 1, no traceback."""
+    setup_logging()
+    try:
+        main()
+    except StageError as error:
+        log.error("%s", error)
+        sys.exit(1)
+
+
+def gib(n_bytes: float) -> str:
+    """Format a byte count the way `df -h` users read it."""
+    return f"{n_bytes / 2**30:.2f} GiB"
+
+
+def write_json(path: str | os.PathLike[str], data: Any) -> None:
+    """Write JSON atomically: a reader never sees a half-written file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as handle:
+        json.dump(data, handle, indent=2, sort_keys=True)
+        handle.write("\n")
+    os.replace(tmp, path)
+
+
+def read_json(path: str | os.PathLike[str]) -> Any:
+    with open(path) as handle:
+        return json.load(handle)
+
+
+CONFIG_ENV = "PIPELINE_CONFIG"
+
+
+def pipeline_config() -> dict[str, Any]:
+    """The workflow's validated config, which rules/common.smk hands to every job's environment.
+
+    Settings that change how a job runs but not what it produces (retries, timeouts, workers, the GPU
+    profile table, staging) travel this way, so that editing them never reruns a finished job. What a job
+    produces is set by its params (URLs, checksums, expected counts, the training recipe): those do.
+    """
+    if CONFIG_ENV not in os.environ:
+        raise StageError(f"{CONFIG_ENV} is not set: this script is run by the workflow (snakemake), not by hand.")
+    return json.loads(os.environ[CONFIG_ENV])

@@ -1,0 +1,231 @@
+"""Download one archive: free-disk check, HTTP Range resume, bounded retries with back-off, MD5 check.
+
+The bytes go to `<output>.part`, which is not a declared output, so it survives a failed or killed
+job and the next try resumes it. The archive appears under its final name only once its MD5 matches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import requests
+import tenacity
+from tqdm import tqdm
+
+from scripts.common import StageError, gib, log, pipeline_config, run_main
+
+CHUNK_BYTES = 1 << 20
+
+
+class TransientError(Exception):
+    """A failure worth another try: connection trouble, HTTP 5xx, a transfer cut short."""
+
+
+def part_path(output: Path) -> Path:
+    return output.with_name(output.name + ".part")
+
+
+def later_needs(archives: Mapping[str, Mapping[str, Any]], name: str, keep_archives: bool) -> int:
+    """Disk the archives after `name` (in config order) will take: all their extracted data, plus either
+    all their archives (kept) or the largest one (each is deleted once extracted, before the next)."""
+    names = list(archives)
+    later = [archives[n] for n in names[names.index(name) + 1 :]]
+    sizes = [a["size_bytes"] for a in later]
+    archive_room = sum(sizes) if keep_archives else max(sizes, default=0)
+    return sum(a["extracted_bytes"] for a in later) + archive_room
+
+
+def disk_needed(remaining_bytes: int, extracted_bytes: int, later_bytes: int, headroom_bytes: int) -> int:
+    """Free bytes this download needs: the rest of the archive, its extraction, what the later archives
+    will need, and the headroom."""
+    return remaining_bytes + extracted_bytes + later_bytes + headroom_bytes
+
+
+def check_free_disk(folder: Path, needed: int, breakdown: str) -> None:
+    free = shutil.disk_usage(folder).free
+    if needed > free:
+        raise StageError(
+            f"Not enough free disk in {folder}: the download and extraction need {gib(needed)} "
+            f"({breakdown}), but only {gib(free)} is free. Free up space, or set data_dir in config.yaml "
+            "to a larger disk, then run snakemake again."
+        )
+    log.info("Free disk in %s: %s; needed: %s (%s)", folder, gib(free), gib(needed), breakdown)
+
+
+def md5_of_file(path: Path) -> hashlib._Hash:
+    digest = hashlib.md5()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(CHUNK_BYTES), b""):
+            digest.update(block)
+    return digest
+
+
+@dataclass
+class Transfer:
+    url: str
+    part: Path
+    timeout: float
+
+    def remote_size(self) -> int | None:
+        """Content-Length from a HEAD request, or None when the server does not say."""
+        try:
+            response = requests.head(self.url, timeout=self.timeout, allow_redirects=True)
+        except requests.RequestException as error:
+            raise TransientError(f"{self.url}: {error}") from error
+        raise_for_status(self.url, response)
+        length = response.headers.get("Content-Length")
+        return int(length) if length is not None else None
+
+    def fetch(self, digest_box: list[hashlib._Hash]) -> None:
+        """One try: append the missing bytes to the part file, hashing as they arrive."""
+        have = self.part.stat().st_size if self.part.exists() else 0
+        headers = {"Range": f"bytes={have}-"} if have else {}
+        try:
+            response = requests.get(self.url, headers=headers, stream=True, timeout=self.timeout)
+        except requests.RequestException as error:
+            raise TransientError(f"{self.url}: {error}") from error
+        with response:
+            if response.status_code == 416 and have:
+                # Nothing left to send: the part file already holds the whole archive.
+                digest_box[0] = md5_of_file(self.part)
+                return
+            raise_for_status(self.url, response)
+            if have and response.status_code == 206:
+                log.info("Resuming %s at %s", self.part.name, gib(have))
+                digest = md5_of_file(self.part)
+                mode = "ab"
+            else:
+                if have:
+                    log.warning("The server ignored the Range request; restarting %s from byte 0", self.url)
+                have, digest, mode = 0, hashlib.md5(), "wb"
+            length = response.headers.get("Content-Length")
+            total = have + int(length) if length is not None else None
+            received = 0
+            with (
+                open(self.part, mode) as out,
+                tqdm(
+                    total=total,
+                    initial=have,
+                    unit="B",
+                    unit_scale=True,
+                    unit_divisor=1024,
+                    desc=self.part.name.removesuffix(".part"),
+                    mininterval=2.0,
+                ) as bar,
+            ):
+                try:
+                    for chunk in response.iter_content(CHUNK_BYTES):
+                        out.write(chunk)
+                        digest.update(chunk)
+                        received += len(chunk)
+                        bar.update(len(chunk))
+                except requests.RequestException as error:
+                    # A local write error (a full disk) is an OSError too, and is not retried.
+                    raise TransientError(f"{self.url}: transfer cut after {gib(have + received)}") from error
+            if length is not None and received < int(length):
+                raise TransientError(f"{self.url}: transfer cut after {gib(have + received)}")
+            digest_box[0] = digest
+
+
+def raise_for_status(url: str, response: requests.Response) -> None:
+    code = response.status_code
+    if code >= 500 or code in (408, 429):
+        raise TransientError(f"{url}: HTTP {code} {response.reason}")
+    if code >= 400 and code != 416:
+        raise StageError(
+            f"{url}: HTTP {code} {response.reason}. Check the archive's url in config.yaml "
+            "(archives.<name>.url) and that the server is reachable, then run snakemake again."
+        )
+
+
+def download(
+    url: str,
+    output: Path,
+    md5: str,
+    *,
+    attempts: int,
+    backoff_seconds: float,
+    max_backoff_seconds: float,
+    timeout: float,
+    extracted_bytes: int = 0,
+    later_bytes: int = 0,
+    headroom_bytes: int = 0,
+) -> None:
+    """Fetch `url` to `output`, resuming `<output>.part`; raise StageError on a final failure."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    transfer = Transfer(url, part_path(output), timeout)
+    retrying = tenacity.Retrying(
+        stop=tenacity.stop_after_attempt(attempts),
+        wait=tenacity.wait_exponential(multiplier=backoff_seconds, max=max_backoff_seconds),
+        retry=tenacity.retry_if_exception_type(TransientError),
+        before_sleep=lambda state: log.warning(
+            "Try %d of %d failed: %s; retrying in %.0f s",
+            state.attempt_number,
+            attempts,
+            state.outcome.exception(),
+            state.next_action.sleep,
+        ),
+        reraise=True,
+    )
+    digest_box: list[hashlib._Hash] = [hashlib.md5()]
+    try:
+        size = retrying(transfer.remote_size)
+        have = transfer.part.stat().st_size if transfer.part.exists() else 0
+        remaining = max(0, size - have) if size is not None else 0
+        needed = disk_needed(remaining, extracted_bytes, later_bytes, headroom_bytes)
+        check_free_disk(
+            output.parent,
+            needed,
+            f"{gib(remaining)} left to fetch, {gib(extracted_bytes)} to extract it, {gib(later_bytes)} "
+            f"for the archives after it, {gib(headroom_bytes)} headroom",
+        )
+        retrying(transfer.fetch, digest_box)
+    except TransientError as error:
+        raise StageError(
+            f"Download failed after {attempts} tries: {error}. The partial file {transfer.part} is kept; "
+            "run snakemake again to resume it."
+        ) from error
+    got = digest_box[0].hexdigest()
+    if got != md5:
+        transfer.part.unlink()
+        raise StageError(
+            f"{output.name}: MD5 mismatch: expected {md5}, got {got}. The corrupt file was deleted; "
+            "run snakemake again to download it afresh (if this repeats, check archives.<name>.md5 in "
+            "config.yaml)."
+        )
+    os.replace(transfer.part, output)
+    log.info("%s complete, MD5 %s", output, got)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--archive", required=True, help="name of the archive in config.yaml's archives")
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--md5", required=True)
+    parser.add_argument("--output", required=True, type=Path)
+    args = parser.parse_args()
+    config = pipeline_config()
+    settings, archives = config["download"], config["archives"]
+    download(
+        args.url,
+        args.output,
+        args.md5,
+        attempts=settings["attempts"],
+        backoff_seconds=settings["backoff_seconds"],
+        max_backoff_seconds=settings["max_backoff_seconds"],
+        timeout=settings["timeout_seconds"],
+        extracted_bytes=archives[args.archive]["extracted_bytes"],
+        later_bytes=later_needs(archives, args.archive, config["extract"]["keep_archives"]),
+        headroom_bytes=int(settings["disk_headroom_gb"] * 2**30),
+    )
+
+
+if __name__ == "__main__":
+    run_main(main)

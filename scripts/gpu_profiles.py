@@ -1,0 +1,168 @@
+"""Pick the training settings for the GPU found at run time (config.yaml: gpu_profiles).
+
+Resolved inside the training job, on the machine that has the GPU (a login node that plans the
+workflow has none). Matching order: a profile pinned by name; the first automatic row whose `match`
+pattern is found in the device name; the first row without a pattern whose minimum compute capability
+and memory the device meets.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from scripts.common import StageError
+
+FP8_MIN_CAPABILITY = (8, 9)
+
+
+@dataclass(frozen=True)
+class Device:
+    """What the training job runs on: a CUDA GPU (name, compute capability, memory) or the CPU."""
+
+    kind: str  # "cuda" or "cpu"
+    name: str
+    capability: tuple[int, int] = (0, 0)
+    memory_gb: float = 0.0
+    count: int = 0
+
+    def describe(self) -> str:
+        if self.kind == "cpu":
+            return "CPU"
+        major, minor = self.capability
+        return f"{self.count} x {self.name} (compute capability {major}.{minor}, {self.memory_gb:.0f} GB)"
+
+
+def detect_device(requested: str) -> Device:
+    """The device to train on; StageError when a GPU is requested but none is visible."""
+    if requested == "cpu":
+        return Device("cpu", "cpu")
+    import torch
+
+    if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
+        raise StageError(
+            "No CUDA GPU is visible to this job (torch.cuda.is_available() is False). Run on a machine with an "
+            "NVIDIA GPU and a CUDA build of torch, check CUDA_VISIBLE_DEVICES and nvidia-smi, or, for a slow "
+            "smoke run on the CPU, set train.device: cpu in config.yaml."
+        )
+    props = torch.cuda.get_device_properties(0)
+    return Device(
+        "cuda",
+        props.name,
+        (props.major, props.minor),
+        props.total_memory / 1e9,
+        torch.cuda.device_count(),
+    )
+
+
+def resolve_profile(
+    profiles: Sequence[Mapping[str, Any]], device: Device, pinned: str = "auto"
+) -> tuple[dict[str, Any], str]:
+    """Return (profile, reason) for `device`; StageError when nothing fits."""
+    by_name = {p["name"]: dict(p) for p in profiles}
+    if pinned != "auto":
+        if pinned not in by_name:
+            raise StageError(f"train.profile: unknown GPU profile {pinned!r} (known: {', '.join(by_name)})")
+        return by_name[pinned], f"pinned by train.profile: {pinned}"
+    if device.kind == "cpu":
+        if "cpu" not in by_name:
+            raise StageError("train.device is cpu but gpu_profiles has no row named 'cpu'")
+        return by_name["cpu"], "train.device is cpu"
+    automatic = [dict(p) for p in profiles if p.get("auto", True) and p["name"] != "cpu"]
+    for profile in automatic:
+        pattern = profile.get("match")
+        if pattern and re.search(pattern, device.name, flags=re.IGNORECASE):
+            return profile, f"the GPU name {device.name!r} matches {pattern!r}"
+    capability = device.capability[0] + device.capability[1] / 10
+    for profile in automatic:
+        if profile.get("match"):
+            continue
+        if capability >= profile.get("min_capability", 0) and device.memory_gb >= profile.get("min_memory_gb", 0):
+            return profile, (
+                f"no row names {device.name!r}; compute capability {capability:.1f} and "
+                f"{device.memory_gb:.0f} GB meet {profile['name']!r} (>= {profile.get('min_capability', 0)}, "
+                f">= {profile.get('min_memory_gb', 0)} GB)"
+            )
+    raise StageError(
+        f"No GPU profile fits {device.describe()}. Add a row to gpu_profiles in config.yaml, "
+        "or pin one with train.profile."
+    )
+
+
+def transformer_engine_problem() -> str | None:
+    """Why Transformer Engine cannot be used here, or None when `transformer_engine.pytorch` imports."""
+    try:
+        importlib.import_module("transformer_engine.pytorch")
+    except Exception as error:  # ImportError, or an ABI mismatch surfacing as OSError/RuntimeError
+        return (
+            f"Transformer Engine does not import ({type(error).__name__}: {error}); install it with "
+            "pip install 'rfdetr-coco-pipeline[fp8]' (it builds against your torch and CUDA)"
+        )
+    return None
+
+
+def fp8_route_problems(
+    device: Device,
+    train: Mapping[str, Any],
+    te_problem: Callable[[], str | None] = transformer_engine_problem,
+) -> list[str]:
+    """Every reason the Transformer Engine FP8 graph route cannot run; empty when it can."""
+    problems = []
+    if device.kind != "cuda":
+        problems.append("the FP8 route needs a CUDA GPU")
+    elif device.capability < FP8_MIN_CAPABILITY:
+        major, minor = device.capability
+        problems.append(
+            f"{device.name} has compute capability {major}.{minor}; FP8 needs 8.9 or newer (Ada, Hopper, Blackwell)"
+        )
+    if train.get("grad_accum_steps") != 1:
+        problems.append("set train.grad_accum_steps: 1 (FP8 graphs capture one optimizer step)")
+    if train.get("multi_scale"):
+        problems.append("set train.multi_scale: false (FP8 graphs need one fixed input shape)")
+    if not train.get("square_resize_div_64"):
+        problems.append("set train.square_resize_div_64: true (FP8 graphs need one fixed input shape)")
+    if train.get("gpus", 1) != 1:
+        problems.append("set train.gpus: 1 (the FP8 graph route is single-GPU only)")
+    te = te_problem()
+    if te:
+        problems.append(te)
+    return problems
+
+
+def bf16_fallback(profile: Mapping[str, Any]) -> dict[str, Any]:
+    """The compiled-bf16 settings used in place of an FP8 profile that cannot run."""
+    batch = profile["batch_size"]
+    return {
+        **profile,
+        "name": f"{profile['name']}-bf16-fallback",
+        "precision": "bf16",
+        "compile": True,
+        "cuda_graphs": batch <= 16,
+        "te_graphs": False,
+    }
+
+
+def settle_profile(
+    profile: dict[str, Any],
+    reason: str,
+    device: Device,
+    train: Mapping[str, Any],
+    te_problem: Callable[[], str | None] = transformer_engine_problem,
+) -> tuple[dict[str, Any], str]:
+    """Check the FP8 route before training starts: error, or fall back to compiled bf16 if configured."""
+    if profile["precision"] != "fp8":
+        return profile, reason
+    problems = fp8_route_problems(device, train, te_problem)
+    if not problems:
+        return profile, reason
+    listed = "; ".join(problems)
+    if train.get("fp8_fallback") == "bf16":
+        fallback = bf16_fallback(profile)
+        return fallback, f"{reason}; FP8 route unavailable ({listed}), so train.fp8_fallback: bf16 applies"
+    raise StageError(
+        f"GPU profile {profile['name']!r} asks for the FP8 route, which cannot run here: {listed}. "
+        "Fix that, pin another profile (train.profile), or set train.fp8_fallback: bf16 to train compiled bf16."
+    )

@@ -1,0 +1,86 @@
+"""Join the blocks' metrics into one metrics.csv, plot loss and mAP (rfdetr's own plotting helpers),
+and write a short text summary: best mAP, its epoch, and training images/s."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display on a training node
+
+import pandas as pd  # noqa: E402
+from matplotlib import pyplot as plt  # noqa: E402
+
+from scripts.common import log, read_json, run_main  # noqa: E402
+
+MAP_COLUMN = "val/mAP_50_95"  # follows the EMA model when EMA is on (rfdetr's default)
+
+
+def join_metrics(block_csvs: Sequence[Path]) -> pd.DataFrame:
+    """One table for the whole run, in epoch order, from the per-block metrics files."""
+    frames = [pd.read_csv(path) for path in block_csvs]
+    frames = [f for f in frames if not f.empty]
+    if not frames:
+        raise ValueError("The training blocks wrote no metrics rows.")
+    return pd.concat(frames, ignore_index=True, sort=False).sort_values(["epoch", "step"], kind="stable")
+
+
+def summarize(metrics: pd.DataFrame, epoch_records: Sequence[dict[str, Any]], run: dict[str, Any]) -> dict[str, Any]:
+    val = metrics.dropna(subset=[MAP_COLUMN]) if MAP_COLUMN in metrics else metrics.iloc[0:0]
+    best = val.loc[val[MAP_COLUMN].idxmax()] if not val.empty else None
+    speeds = [r["images_per_second"] for r in epoch_records]
+    # Epoch 0 pays compile warm-up and cold caches: report steady speed from the epochs after it.
+    steady = [r["images_per_second"] for r in epoch_records if r["epoch"] > 0] or speeds
+    return {
+        "epochs_trained": int(metrics["epoch"].max()) + 1,
+        "best_map_50_95": float(best[MAP_COLUMN]) if best is not None else None,
+        "best_epoch": int(best["epoch"]) + 1 if best is not None else None,
+        "final_map_50_95": float(val[MAP_COLUMN].iloc[-1]) if not val.empty else None,
+        "mean_images_per_second": round(sum(steady) / len(steady), 1) if steady else None,
+        "train_hours": round(sum(r["train_seconds"] + r["val_seconds"] for r in epoch_records) / 3600, 3),
+        "gpu_profile": run["profile"]["name"],
+        "device": run["device"],
+        "recipe_id": run["recipe_id"],
+    }
+
+
+def summary_text(summary: dict[str, Any]) -> str:
+    best = summary["best_map_50_95"]
+    lines = [
+        f"Run {summary['recipe_id']} on {summary['device']} (GPU profile {summary['gpu_profile']})",
+        f"Epochs trained: {summary['epochs_trained']}",
+        f"Best val mAP@50:95: {best:.4f} at epoch {summary['best_epoch']}" if best is not None else "No mAP yet",
+        f"Training speed: {summary['mean_images_per_second']} images/s (mean over epochs after the first)",
+        f"Training time: {summary['train_hours']:.2f} h (train + validation)",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--blocks", required=True, nargs="+", type=Path, help="block output folders, in order")
+    parser.add_argument("--metrics", required=True, type=Path)
+    parser.add_argument("--loss-plot", required=True, type=Path)
+    parser.add_argument("--map-plot", required=True, type=Path)
+    parser.add_argument("--summary", required=True, type=Path)
+    args = parser.parse_args()
+    metrics = join_metrics([b / "metrics.csv" for b in args.blocks])
+    args.metrics.parent.mkdir(parents=True, exist_ok=True)
+    metrics.to_csv(args.metrics, index=False)
+    from rfdetr.visualize.training import plot_loss_metrics, plot_map_metrics
+
+    for plot, output in ((plot_loss_metrics, args.loss_plot), (plot_map_metrics, args.map_plot)):
+        plt.close(plot(str(args.metrics), output_path=str(output)))
+    records = [r for b in args.blocks for r in read_json(b / "epochs.json")]
+    summary = summarize(metrics, records, read_json(args.blocks[-1] / "run.json"))
+    args.summary.write_text(summary_text(summary) + json.dumps(summary, indent=2) + "\n")
+    log.info("\n%s", summary_text(summary))
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -1,0 +1,153 @@
+"""Copy the verified dataset to a RAM disk (/dev/shm) when it fits, else train from the disk copy.
+
+This runs at the start of every training job, on the node that trains: /dev/shm belongs to that node
+and is emptied by a reboot, so a staged copy made by another job could be missing. A complete copy
+carries a marker file and is reused; a reboot costs a re-stage, never a re-download, because the
+disk copy stays where it is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock
+from tqdm import tqdm
+
+from scripts.common import gib, log, pipeline_config, read_json, run_main, write_json
+
+MARKER = ".staged.json"
+PAGE_BYTES = 4096  # tmpfs stores every file in whole pages
+
+
+@dataclass(frozen=True)
+class Manifest:
+    files: int
+    bytes: int
+
+    def ramdisk_bytes(self) -> int:
+        return self.bytes + self.files * PAGE_BYTES
+
+
+def manifest_of(folder: Path) -> tuple[Manifest, list[Path]]:
+    """File count and size of `folder` (the marker file excluded), and its files relative to it."""
+    paths, total = [], 0
+    for root, _dirs, names in os.walk(folder):
+        for name in names:
+            if name == MARKER:
+                continue
+            path = Path(root, name)
+            paths.append(path.relative_to(folder))
+            total += path.stat().st_size
+    return Manifest(len(paths), total), paths
+
+
+def is_complete_copy(target: Path, source: Path, manifest: Manifest) -> bool:
+    marker = target / MARKER
+    if not marker.is_file():
+        return False
+    saved = read_json(marker)
+    return saved == {"source": str(source.resolve()), "files": manifest.files, "bytes": manifest.bytes}
+
+
+def copy_tree(source: Path, target: Path, files: list[Path], total_bytes: int, workers: int) -> None:
+    for folder in sorted({f.parent for f in files}):
+        (target / folder).mkdir(parents=True, exist_ok=True)
+
+    def copy_one(relative: Path) -> int:
+        shutil.copyfile(source / relative, target / relative)
+        return (source / relative).stat().st_size
+
+    with (
+        ThreadPoolExecutor(max(1, workers)) as pool,
+        tqdm(total=total_bytes, unit="B", unit_scale=True, desc="stage", mininterval=2.0) as bar,
+    ):
+        for size in pool.map(copy_one, files):
+            bar.update(size)
+
+
+def stage_dataset(
+    source: Path, ramdisk: Path, subdir: str, headroom_bytes: int, enabled: bool = True, workers: int = 8
+) -> dict[str, Any]:
+    """Return where training reads the dataset from ({"path", "where", "reason", ...})."""
+    start = time.perf_counter()
+    source = source.resolve()
+    report: dict[str, Any] = {"source": str(source)}
+
+    def on_disk(reason: str) -> dict[str, Any]:
+        log.warning("Training reads the dataset from disk (%s): %s", source, reason)
+        return {**report, "path": str(source), "where": "disk", "reason": reason}
+
+    if not enabled:
+        return on_disk("staging is off (stage.enabled in config.yaml)")
+    if not ramdisk.is_dir():
+        return on_disk(f"the RAM disk {ramdisk} does not exist")
+    target = ramdisk / subdir
+    manifest, files = manifest_of(source)
+    report.update(files=manifest.files, bytes=manifest.bytes)
+    with FileLock(str(ramdisk / f".{subdir}.lock")):
+        if is_complete_copy(target, source, manifest):
+            log.info("Reusing the staged copy in %s (%d files, %s)", target, manifest.files, gib(manifest.bytes))
+            return {**report, "path": str(target), "where": "ramdisk", "reason": "already staged"}
+        partial = ramdisk / f".{subdir}.partial"
+        for stale in (target, partial):
+            shutil.rmtree(stale, ignore_errors=True)  # an old or half-made copy: its room counts as free
+        free = shutil.disk_usage(ramdisk).free
+        needed = manifest.ramdisk_bytes() + headroom_bytes
+        if needed > free:
+            return on_disk(
+                f"{ramdisk} has {gib(free)} free, the copy needs {gib(manifest.ramdisk_bytes())} "
+                f"plus {gib(headroom_bytes)} headroom (stage.headroom_gb)"
+            )
+        log.info("Staging %d files (%s) to %s", manifest.files, gib(manifest.bytes), target)
+        try:
+            copy_tree(source, partial, files, manifest.bytes, workers)
+        except OSError as error:  # the RAM disk filled up under us: fall back, leave nothing half-made
+            shutil.rmtree(partial, ignore_errors=True)
+            return on_disk(f"copying to {ramdisk} failed: {error}")
+        write_json(partial / MARKER, {"source": str(source), "files": manifest.files, "bytes": manifest.bytes})
+        os.replace(partial, target)
+    seconds = time.perf_counter() - start
+    log.info("Staged in %.1f s (%.0f MB/s)", seconds, manifest.bytes / 1e6 / max(seconds, 1e-9))
+    return {
+        **report,
+        "path": str(target),
+        "where": "ramdisk",
+        "reason": "copied",
+        "seconds": round(seconds, 2),
+    }
+
+
+def remove_staged(ramdisk: Path, subdir: str) -> None:
+    target = ramdisk / subdir
+    if target.exists():
+        shutil.rmtree(target)
+        log.info("Removed the staged copy %s", target)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--source", required=True, type=Path, help="the verified dataset on disk")
+    parser.add_argument("--report", required=True, type=Path, help="JSON file naming the folder to train from")
+    parser.add_argument("--workers", type=int, default=8)
+    args = parser.parse_args()
+    settings = pipeline_config()["stage"]
+    report = stage_dataset(
+        args.source,
+        Path(settings["ramdisk"]),
+        settings["subdir"],
+        int(settings["headroom_gb"] * 2**30),
+        settings["enabled"],
+        args.workers,
+    )
+    write_json(args.report, report)
+
+
+if __name__ == "__main__":
+    run_main(main)
