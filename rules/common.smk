@@ -85,11 +85,14 @@ def archive_path(name):
 
 
 def previous_extraction(wildcards):
-    """Download archives one at a time, each after the previous one is extracted (and deleted)."""
+    """Download archives one at a time, each after the previous one is extracted (and deleted).
+
+    ancient(): only the order matters; re-extracting an earlier archive must not refetch the later ones.
+    """
     index = ARCHIVE_NAMES.index(wildcards.archive)
     if index == 0:
         return []
-    return str(DATASET / config["archives"][ARCHIVE_NAMES[index - 1]]["folder"])
+    return ancient(DATASET / config["archives"][ARCHIVE_NAMES[index - 1]]["folder"])
 
 
 def block_outputs(block):

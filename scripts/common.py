@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import humanfriendly
+
 log = logging.getLogger("pipeline")
 
 
@@ -37,9 +39,9 @@ def run_main(main: Any) -> None:
         sys.exit(1)
 
 
-def gib(n_bytes: float) -> str:
-    """Format a byte count the way `df -h` users read it."""
-    return f"{n_bytes / 2**30:.2f} GiB"
+def size(n_bytes: float) -> str:
+    """A byte count as people read it: 18.01 GiB, 64 KiB."""
+    return humanfriendly.format_size(n_bytes, binary=True)
 
 
 def write_json(path: str | os.PathLike[str], data: Any) -> None:

@@ -17,9 +17,10 @@ from typing import Any
 
 import requests
 import tenacity
+import urllib3
 from tqdm import tqdm
 
-from scripts.common import StageError, gib, log, pipeline_config, run_main
+from scripts.common import StageError, log, pipeline_config, run_main, size
 
 CHUNK_BYTES = 1 << 20
 
@@ -52,11 +53,11 @@ def check_free_disk(folder: Path, needed: int, breakdown: str) -> None:
     free = shutil.disk_usage(folder).free
     if needed > free:
         raise StageError(
-            f"Not enough free disk in {folder}: the download and extraction need {gib(needed)} "
-            f"({breakdown}), but only {gib(free)} is free. Free up space, or set data_dir in config.yaml "
+            f"Not enough free disk in {folder}: the download and extraction need {size(needed)} "
+            f"({breakdown}), but only {size(free)} is free. Free up space, or set data_dir in config.yaml "
             "to a larger disk, then run snakemake again."
         )
-    log.info("Free disk in %s: %s; needed: %s (%s)", folder, gib(free), gib(needed), breakdown)
+    log.info("Free disk in %s: %s; needed: %s (%s)", folder, size(free), size(needed), breakdown)
 
 
 def md5_of_file(path: Path) -> hashlib._Hash:
@@ -98,7 +99,7 @@ class Transfer:
                 return
             raise_for_status(self.url, response)
             if have and response.status_code == 206:
-                log.info("Resuming %s at %s", self.part.name, gib(have))
+                log.info("Resuming %s at %s", self.part.name, size(have))
                 digest = md5_of_file(self.part)
                 mode = "ab"
             else:
@@ -121,16 +122,17 @@ class Transfer:
                 ) as bar,
             ):
                 try:
-                    for chunk in response.iter_content(CHUNK_BYTES):
+                    # read1 hands over whatever has arrived, so a dropped connection loses no received byte.
+                    while chunk := response.raw.read1(CHUNK_BYTES):
                         out.write(chunk)
                         digest.update(chunk)
                         received += len(chunk)
                         bar.update(len(chunk))
-                except requests.RequestException as error:
-                    # A local write error (a full disk) is an OSError too, and is not retried.
-                    raise TransientError(f"{self.url}: transfer cut after {gib(have + received)}") from error
+                except (requests.RequestException, urllib3.exceptions.HTTPError) as error:
+                    # A local write error (a full disk) is an OSError, and is not retried.
+                    raise TransientError(f"{self.url}: transfer cut after {size(have + received)}") from error
             if length is not None and received < int(length):
-                raise TransientError(f"{self.url}: transfer cut after {gib(have + received)}")
+                raise TransientError(f"{self.url}: transfer cut after {size(have + received)}")
             digest_box[0] = digest
 
 
@@ -176,15 +178,15 @@ def download(
     )
     digest_box: list[hashlib._Hash] = [hashlib.md5()]
     try:
-        size = retrying(transfer.remote_size)
+        remote_size = retrying(transfer.remote_size)
         have = transfer.part.stat().st_size if transfer.part.exists() else 0
-        remaining = max(0, size - have) if size is not None else 0
+        remaining = max(0, remote_size - have) if remote_size is not None else 0
         needed = disk_needed(remaining, extracted_bytes, later_bytes, headroom_bytes)
         check_free_disk(
             output.parent,
             needed,
-            f"{gib(remaining)} left to fetch, {gib(extracted_bytes)} to extract it, {gib(later_bytes)} "
-            f"for the archives after it, {gib(headroom_bytes)} headroom",
+            f"{size(remaining)} left to fetch, {size(extracted_bytes)} to extract it, {size(later_bytes)} "
+            f"for the archives after it, {size(headroom_bytes)} headroom",
         )
         retrying(transfer.fetch, digest_box)
     except TransientError as error:

@@ -20,7 +20,7 @@ from typing import Any
 from filelock import FileLock
 from tqdm import tqdm
 
-from scripts.common import gib, log, pipeline_config, read_json, run_main, write_json
+from scripts.common import log, pipeline_config, read_json, run_main, size, write_json
 
 MARKER = ".staged.json"
 PAGE_BYTES = 4096  # tmpfs stores every file in whole pages
@@ -93,7 +93,7 @@ def stage_dataset(
     report.update(files=manifest.files, bytes=manifest.bytes)
     with FileLock(str(ramdisk / f".{subdir}.lock")):
         if is_complete_copy(target, source, manifest):
-            log.info("Reusing the staged copy in %s (%d files, %s)", target, manifest.files, gib(manifest.bytes))
+            log.info("Reusing the staged copy in %s (%d files, %s)", target, manifest.files, size(manifest.bytes))
             return {**report, "path": str(target), "where": "ramdisk", "reason": "already staged"}
         partial = ramdisk / f".{subdir}.partial"
         for stale in (target, partial):
@@ -102,10 +102,10 @@ def stage_dataset(
         needed = manifest.ramdisk_bytes() + headroom_bytes
         if needed > free:
             return on_disk(
-                f"{ramdisk} has {gib(free)} free, the copy needs {gib(manifest.ramdisk_bytes())} "
-                f"plus {gib(headroom_bytes)} headroom (stage.headroom_gb)"
+                f"{ramdisk} has {size(free)} free, the copy needs {size(manifest.ramdisk_bytes())} "
+                f"plus {size(headroom_bytes)} headroom (stage.headroom_gb)"
             )
-        log.info("Staging %d files (%s) to %s", manifest.files, gib(manifest.bytes), target)
+        log.info("Staging %d files (%s) to %s", manifest.files, size(manifest.bytes), target)
         try:
             copy_tree(source, partial, files, manifest.bytes, workers)
         except OSError as error:  # the RAM disk filled up under us: fall back, leave nothing half-made

@@ -110,7 +110,7 @@ def plan_resume(state_last: Path, state_epoch: int | None, previous: Path | None
         done = state_epoch + 1
         if done == end:
             return ResumePlan(state_last, end, f"epochs up to {end} are already trained in {state_last}")
-        return ResumePlan(state_last, done, f"resuming the interrupted block from {state_last} at epoch {done}")
+        return ResumePlan(state_last, done, f"resuming the interrupted block from {state_last} at epoch {done + 1}")
     if start == 0:
         return ResumePlan(None, 0, "starting from scratch")
     if previous is None:
@@ -355,8 +355,12 @@ def train_block(args: argparse.Namespace, settings: Mapping[str, Any]) -> None:
 
     stage = read_json(args.stage_report)
     if plan.next_epoch < end:
+        import pytorch_lightning as pl
         from rfdetr import RFDETRNano
 
+        # rfdetr seeds inside train(), after the model is built: seed first so the random initialisation is
+        # reproducible too (the same seed gives the same run).
+        pl.seed_everything(recipe["seed"], workers=True)
         workers = min(args.threads, train["max_workers"])
         kwargs = train_kwargs(recipe, stage["path"], state_dir, workers, device)
         if plan.checkpoint is not None:

@@ -114,13 +114,14 @@ class ArchiveServer:
             return
         if fault == "corrupt":
             body = bytes(b ^ 0xFF for b in body[:64]) + body[64:]
+        # Recorded before the body goes out: a client that has its bytes may look at the log at once.
         if fault == "drop":
             half = body[: len(body) // 2]
+            self._record(method, name, range_header, status_sent, len(half))
             handler.wfile.write(half)
             handler.wfile.flush()
             handler.connection.shutdown(socket.SHUT_RDWR)
             handler.close_connection = True
-            self._record(method, name, range_header, status_sent, len(half))
             return
-        handler.wfile.write(body)
         self._record(method, name, range_header, status_sent, len(body))
+        handler.wfile.write(body)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -83,11 +84,5 @@ def run_snakemake(workdir: Path, *args: str, timeout: float = 900) -> subprocess
 
 
 def jobs_run(output: str) -> list[str]:
-    """Names of the rules snakemake started, in order ('rule X:' / 'localrule X:' lines)."""
-    names = []
-    for line in output.splitlines():
-        stripped = line.strip()
-        for prefix in ("rule ", "localrule "):
-            if stripped.startswith(prefix) and stripped.endswith(":"):
-                names.append(stripped[len(prefix) : -1])
-    return [n for n in names if n != "all"]
+    """Rules of the jobs snakemake finished, in order (its 'Finished jobid: N (Rule: X)' lines), 'all' left out."""
+    return [name for name in re.findall(r"Finished jobid: \d+ \(Rule: (\w+)\)", output) if name != "all"]

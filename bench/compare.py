@@ -1,0 +1,144 @@
+"""The reference notebook's stock recipe against the workflow's train stage, same dataset, one run.
+
+usage: python -m bench.compare --dataset DIR --out DIR [--only stock|pipeline] [--stock-epochs 2]
+           [--pipeline-epochs 4 --epochs-per-block 2] [--gpus 1] [--profile auto]
+
+`--dataset` is any COCO2017-layout folder (train2017/, val2017/, annotations/): real COCO, or a synthetic set.
+The stock recipe runs in a fresh process with an empty compile cache. The workflow runs through `snakemake`
+(staging and all) in blocks, so its first block starts with a cold compile cache and its second with the
+cache the first one left. Prints, for each, steady images/s, epoch-0 overhead, first-validation seconds and
+peak GPU memory, and writes them to <out>/summary.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from scripts.blocks import block_name, block_ranges
+from scripts.common import read_json
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Steady images/s (epochs after the first of the process) and the first epoch's extra seconds."""
+    first, later = records[0], records[1:]
+    steady = sum(r["images_per_second"] for r in later) / len(later) if later else None
+    return {
+        "epochs": [r["epoch"] for r in records],
+        "steady_images_per_second": round(steady, 1) if steady else None,
+        "epoch0_seconds": first["train_seconds"],
+        "epoch0_overhead_seconds": round(first["train_seconds"] - first["images"] / steady, 1) if steady else None,
+        "first_validation_seconds": first["val_seconds"],
+        "peak_memory_gb": max(r["peak_memory_gb"] for r in records),
+    }
+
+
+def run_logged(command: list[str], log: Path, env: dict[str, str], cwd: Path = REPO) -> float:
+    started = time.perf_counter()
+    with open(log, "w") as handle:
+        subprocess.run(command, cwd=cwd, env=env, stdout=handle, stderr=subprocess.STDOUT, check=True)
+    return round(time.perf_counter() - started, 1)
+
+
+def run_stock(dataset: Path, out: Path, epochs: int, batch: int) -> dict[str, Any]:
+    out.mkdir(parents=True, exist_ok=True)
+    env = {
+        **os.environ,
+        "TORCHINDUCTOR_CACHE_DIR": str(out / "cache" / "inductor"),
+        "TRITON_CACHE_DIR": str(out / "cache" / "triton"),
+    }
+    command = [sys.executable, "-m", "bench.stock_recipe", "--dataset", str(dataset), "--output", str(out)]
+    wall = run_logged(command + ["--epochs", str(epochs), "--batch", str(batch)], out / "stock.log", env)
+    records = [json.loads(line) for line in (out / "epochs.jsonl").read_text().splitlines()]
+    return {"wall_seconds": wall, **summarize(records), "records": records}
+
+
+def count_images(folder: Path) -> int:
+    return sum(1 for p in folder.iterdir() if p.suffix == ".jpg")
+
+
+def run_pipeline(dataset: Path, out: Path, epochs: int, per_block: int, gpus: int, profile: str) -> dict[str, Any]:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "data").mkdir(exist_ok=True)
+    link = out / "data" / "coco2017"
+    if not link.exists():
+        link.symlink_to(dataset.resolve())
+    config = yaml.safe_load((REPO / "config.yaml").read_text())
+    config["verify"]["expected_images"] = {s: count_images(dataset / s) for s in ("train2017", "val2017")}
+    config["train"].update(epochs=epochs, epochs_per_block=per_block, gpus=gpus, profile=profile)
+    config["stage"]["subdir"] = f"bench-{out.name}"
+    (out / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(out)]
+    command += ["--configfile", str(out / "config.yaml"), "--cores", "all"]
+    wall = run_logged(command, out / "snakemake.log", dict(os.environ), cwd=out)
+    blocks = [out / "results" / "train" / block_name(i + 1) for i in range(len(block_ranges(epochs, per_block)))]
+    per_block_records = [read_json(b / "epochs.json") for b in blocks]
+    summary = summarize(per_block_records[0])  # the first block: a cold compile cache
+    if len(blocks) > 1:
+        warm = summarize(per_block_records[1])
+        summary["warm_epoch0_overhead_seconds"] = warm["epoch0_overhead_seconds"]
+        summary["warm_first_validation_seconds"] = warm["first_validation_seconds"]
+        steadies = [s["steady_images_per_second"] for s in (summary, warm) if s["steady_images_per_second"]]
+        summary["steady_images_per_second"] = round(sum(steadies) / len(steadies), 1)
+    run = read_json(blocks[0] / "run.json")
+    return {
+        "wall_seconds": wall,
+        **summary,
+        "profile": run["profile"],
+        "profile_reason": run["profile_reason"],
+        "device": run["device"],
+        "staged": read_json(blocks[0] / "stage.json")["where"],
+        "records": [r for records in per_block_records for r in records],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dataset", required=True, type=Path)
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--only", choices=["stock", "pipeline"])
+    parser.add_argument("--stock-epochs", type=int, default=2)
+    parser.add_argument("--stock-batch", type=int, default=128)
+    parser.add_argument("--pipeline-epochs", type=int, default=4)
+    parser.add_argument("--epochs-per-block", type=int, default=2)
+    parser.add_argument("--gpus", type=int, default=1)
+    parser.add_argument("--profile", default="auto")
+    parser.add_argument("--name", default="pipeline", help="subfolder of --out for the workflow run")
+    args = parser.parse_args()
+    summary_path = args.out / "summary.json"
+    summary = read_json(summary_path) if summary_path.exists() else {}
+    if args.only in (None, "stock"):
+        summary["stock"] = run_stock(args.dataset, args.out / "stock", args.stock_epochs, args.stock_batch)
+    if args.only in (None, "pipeline"):
+        summary[args.name] = run_pipeline(
+            args.dataset, args.out / args.name, args.pipeline_epochs, args.epochs_per_block, args.gpus, args.profile
+        )
+    if "stock" in summary and args.name in summary:
+        summary[f"{args.name}_over_stock"] = round(
+            summary[args.name]["steady_images_per_second"] / summary["stock"]["steady_images_per_second"], 3
+        )
+    args.out.mkdir(parents=True, exist_ok=True)
+    summary_path.write_text(json.dumps(summary, indent=2))
+    print(
+        json.dumps(
+            {
+                k: {kk: vv for kk, vv in v.items() if kk != "records"} if isinstance(v, dict) else v
+                for k, v in summary.items()
+            },
+            indent=2,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""Shared fixtures: a tiny COCO dataset zipped as the three archives, served over real HTTP on 127.0.0.1."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.archive_server import ArchiveServer
+from tests.tiny_coco import make_archives, make_dataset
+from tests.workflow import tiny_config, write_config
+
+
+@pytest.fixture(scope="session")
+def tiny_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_dataset(tmp_path_factory.mktemp("tiny_coco"))
+
+
+@pytest.fixture(scope="session")
+def archives(tiny_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    return make_archives(tiny_dataset, tmp_path_factory.mktemp("archives"))
+
+
+@pytest.fixture
+def server(archives: dict[str, dict]) -> Iterator[ArchiveServer]:
+    root = next(iter(archives.values()))["path"].parent
+    with ArchiveServer(root) as running:
+        yield running
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, server: ArchiveServer, archives: dict[str, dict]) -> Path:
+    """A fresh folder with a config.yaml that points the workflow at the local server."""
+    write_config(tmp_path, tiny_config(tmp_path, server.url, archives))
+    return tmp_path
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[callable]:
+    """Mount real, small tmpfs file systems (a full disk or a small /dev/shm, without faking free space)."""
+    mounts: list[Path] = []
+
+    def mount(name: str, size: str) -> Path:
+        path = tmp_path / name
+        path.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
+        mounts.append(path)
+        return path
+
+    yield mount
+    for path in reversed(mounts):
+        subprocess.run(["umount", "-l", str(path)], check=False)

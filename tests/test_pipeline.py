@@ -1,0 +1,180 @@
+"""The whole workflow, end to end: the real `snakemake` command, real HTTP on 127.0.0.1, real rfdetr training
+(RF-DETR Nano at 64 px on the CPU), and failures injected once, each followed by a run that redoes only
+what the failure touched."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import pandas as pd
+import psutil
+import pytest
+import torch
+from PIL import Image
+
+from tests.archive_server import ArchiveServer
+from tests.workflow import jobs_run, run_snakemake, snakemake_command, tiny_config, write_config
+
+pytestmark = pytest.mark.slow
+ARCHIVE_NAMES = ["annotations_trainval2017.zip", "val2017.zip", "train2017.zip"]
+BLOCK_FILES = ["checkpoint.ckpt", "best.pth", "metrics.csv", "epochs.json", "run.json", "stage.json"]
+
+
+@pytest.fixture(scope="module")
+def module_server(archives):
+    with ArchiveServer(next(iter(archives.values()))["path"].parent) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def two_block_run(tmp_path_factory, module_server, archives):
+    """The full workflow, 2 epochs in blocks of 1 epoch, run once for the tests of this module."""
+    workdir = tmp_path_factory.mktemp("two_blocks")
+    write_config(workdir, tiny_config(workdir, module_server.url, archives, epochs=2, epochs_per_block=1))
+    result = run_snakemake(workdir)
+    assert result.returncode == 0, result.stdout[-5000:]
+    return workdir, result, list(module_server.requests)
+
+
+def test_every_stage_leaves_its_outputs(two_block_run, tiny_dataset):
+    workdir, result, requests = two_block_run
+    assert jobs_run(result.stdout).count("train_block") == 2
+    # download: each archive fetched exactly once, then deleted after extraction (keep_archives: false)
+    assert sorted(r.name for r in requests if r.method == "GET") == sorted(ARCHIVE_NAMES)
+    assert list((workdir / "data" / "archives").glob("*.zip")) == []
+    # extract: the COCO layout rfdetr's dataset_file="coco" reads
+    dataset = workdir / "data" / "coco2017"
+    for folder in ("train2017", "val2017", "annotations"):
+        extracted = sorted(p.name for p in (dataset / folder).iterdir() if p.name != ".snakemake_timestamp")
+        assert extracted == sorted(p.name for p in (tiny_dataset / folder).iterdir())
+    # verify: the report carries the counts
+    report = json.loads((workdir / "results" / "verify" / "dataset.json").read_text())
+    assert report["splits"]["train2017"]["images"] == 8 and report["splits"]["val2017"]["images"] == 4
+    # stage + train: each block's outputs; training read the RAM-disk copy, removed after the last block
+    for block, epochs in (("block_01", [0]), ("block_02", [1])):
+        folder = workdir / "results" / "train" / block
+        assert all((folder / name).is_file() for name in BLOCK_FILES)
+        assert json.loads((folder / "stage.json").read_text())["where"] == "ramdisk"
+        run = json.loads((folder / "run.json").read_text())
+        assert run["profile"]["name"] == "cpu" and run["epochs"] == [epochs[0], epochs[0] + 1]
+        assert [r["epoch"] for r in json.loads((folder / "epochs.json").read_text())] == epochs
+        assert torch.load(folder / "checkpoint.ckpt", map_location="cpu", weights_only=False)["epoch"] == epochs[-1]
+    assert not (workdir / "shm" / "rfdetr-coco2017").exists()
+    # logs and benchmarks per rule
+    for rule_log in ("download/train2017.log", "extract/val2017.log", "verify/dataset.log", "train/block_02.log"):
+        assert (workdir / "results" / "logs" / rule_log).stat().st_size > 0
+    assert len(list((workdir / "results" / "benchmarks").rglob("*.tsv"))) == 10
+    assert "loads NO DINOv2 backbone weights" in (workdir / "results" / "logs" / "train" / "block_01.log").read_text()
+
+
+def test_metrics_have_train_and_val_rows_for_every_epoch_and_the_plots_are_pngs(two_block_run):
+    workdir, _, _ = two_block_run
+    metrics = pd.read_csv(workdir / "results" / "metrics.csv")
+    assert sorted(metrics.dropna(subset=["train/loss"])["epoch"]) == [0, 1]
+    assert sorted(metrics.dropna(subset=["val/mAP_50_95"])["epoch"]) == [0, 1]
+    for plot in ("loss.png", "map.png"):
+        with Image.open(workdir / "results" / "plots" / plot) as image:
+            assert image.format == "PNG" and image.width > 200 and image.height > 200
+    summary = (workdir / "results" / "plots" / "summary.txt").read_text()
+    assert "Epochs trained: 2" in summary and "Best val mAP@50:95:" in summary and "images/s" in summary
+
+
+def test_a_second_run_has_nothing_to_do(two_block_run, module_server):
+    workdir, _, _ = two_block_run
+    before = len(module_server.requests)
+    result = run_snakemake(workdir)
+    assert result.returncode == 0 and "Nothing to be done" in result.stdout
+    assert jobs_run(result.stdout) == [] and len(module_server.requests) == before
+
+
+def test_blocks_follow_the_learning_rate_schedule_of_one_uninterrupted_run(two_block_run, tmp_path, server, archives):
+    workdir, _, _ = two_block_run
+    write_config(tmp_path, tiny_config(tmp_path, server.url, archives, epochs=2, epochs_per_block=2))
+    result = run_snakemake(tmp_path)
+    assert result.returncode == 0, result.stdout[-5000:]
+    blocks = [
+        json.loads((workdir / "results" / "train" / b / "epochs.json").read_text()) for b in ("block_01", "block_02")
+    ]
+    (single,) = [json.loads((tmp_path / "results" / "train" / "block_01" / "epochs.json").read_text())]
+    lr_blocks = [lr for block in blocks for epoch in block for lr in epoch["lr"]]
+    lr_single = [lr for epoch in single for lr in epoch["lr"]]
+    assert len(lr_single) == 10 and lr_blocks == lr_single  # exactly, step by step
+    assert lr_single[5] > lr_single[-1] > 0  # warm-up, then cosine decay that really decays
+    weights = [
+        torch.load(folder / "checkpoint.ckpt", map_location="cpu", weights_only=False)["state_dict"]
+        for folder in (workdir / "results" / "train" / "block_02", tmp_path / "results" / "train" / "block_01")
+    ]
+    floats = [name for name, tensor in weights[0].items() if tensor.is_floating_point()]
+    diff = max((weights[0][n] - weights[1][n]).abs().max().item() for n in floats)
+    scale = max(weights[0][n].abs().max().item() for n in floats)
+    assert diff <= 1e-3 * scale, (diff, scale)
+
+
+def test_a_connection_dropped_mid_archive_refetches_only_the_rest_of_that_archive(workdir, server, archives):
+    server.faults.once["train2017.zip"] = ["drop"] * 3  # every one of the 3 tries is cut
+    target = "results/verify/dataset.json"
+    failed = run_snakemake(workdir, target)
+    assert failed.returncode != 0 and "Download failed after 3 tries" in failed.stdout
+    part = workdir / "data" / "archives" / "train2017.zip.part"
+    assert part.stat().st_size > 0  # the partial file survived the failed job
+    result = run_snakemake(workdir, target)
+    assert result.returncode == 0, result.stdout[-5000:]
+    assert jobs_run(result.stdout) == ["download_archive", "extract_archive", "verify_counts"]
+    resumed = server.gets("train2017.zip")[-1]
+    assert resumed.range == f"bytes={part_size(server)}-" and resumed.status == 206
+    assert len(server.gets("annotations_trainval2017.zip")) == 1 and len(server.gets("val2017.zip")) == 1
+
+
+def part_size(server: ArchiveServer) -> int:
+    return sum(r.bytes_sent for r in server.gets("train2017.zip")[:-1])
+
+
+def test_a_corrupt_archive_is_fetched_again_and_nothing_else_is(workdir, server, archives):
+    server.faults.once["val2017.zip"] = ["corrupt"]
+    target = "results/verify/dataset.json"
+    failed = run_snakemake(workdir, target)
+    assert failed.returncode != 0
+    assert f"val2017.zip: MD5 mismatch: expected {archives['val2017']['md5']}, got " in failed.stdout
+    result = run_snakemake(workdir, target)
+    assert result.returncode == 0, result.stdout[-5000:]
+    assert jobs_run(result.stdout).count("download_archive") == 2  # val2017 again, then train2017
+    assert [r.range for r in server.gets("val2017.zip")] == [None, None]  # a fresh, whole download
+    assert len(server.gets("annotations_trainval2017.zip")) == 1
+
+
+def test_a_killed_training_job_resumes_from_its_last_epoch(workdir, server, archives):
+    write_config(workdir, tiny_config(workdir, server.url, archives, epochs=2, epochs_per_block=2))
+    snakemake = subprocess.Popen(
+        snakemake_command(workdir), cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    checkpoint = None
+    deadline = time.time() + 600
+    while time.time() < deadline and snakemake.poll() is None:  # wait until epoch 0 is checkpointed
+        checkpoint = next((workdir / "results" / "train" / "state").glob("*/last.ckpt"), None)
+        if checkpoint:
+            break
+        time.sleep(0.2)
+    assert checkpoint is not None, "training never finished its first epoch"
+    epoch_log = checkpoint.parent / "epochs.jsonl"
+    trainers = [
+        p for p in psutil.Process(snakemake.pid).children(recursive=True) if "scripts.train" in " ".join(p.cmdline())
+    ]
+    assert trainers
+    for process in trainers:
+        process.kill()
+    output, _ = snakemake.communicate(timeout=300)
+    assert snakemake.returncode != 0 and "Error in rule train_block" in output
+    downloads = len([r for r in server.requests if r.method == "GET"])
+
+    result = run_snakemake(workdir)
+    assert result.returncode == 0, result.stdout[-5000:]
+    assert jobs_run(result.stdout) == ["train_block", "plot_metrics"]
+    assert len([r for r in server.requests if r.method == "GET"]) == downloads
+    log = (workdir / "results" / "logs" / "train" / "block_01.log").read_text()
+    assert "resuming the interrupted block" in log and "at epoch 2" in log
+    records = [json.loads(line) for line in epoch_log.read_text().splitlines()]
+    assert [r["epoch"] for r in records] == [0, 1]  # epoch 0 was not trained again
+    epochs = json.loads((workdir / "results" / "train" / "block_01" / "epochs.json").read_text())
+    assert [r["epoch"] for r in epochs] == [0, 1]
