@@ -67,7 +67,9 @@ def count_images(folder: Path) -> int:
     return sum(1 for p in folder.iterdir() if p.suffix == ".jpg")
 
 
-def run_pipeline(dataset: Path, out: Path, epochs: int, per_block: int, gpus: int, profile: str) -> dict[str, Any]:
+def run_pipeline(
+    dataset: Path, out: Path, epochs: int, per_block: int, gpus: int, profile: str, overrides: dict[str, Any]
+) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     (out / "data").mkdir(exist_ok=True)
     link = out / "data" / "coco2017"
@@ -75,7 +77,19 @@ def run_pipeline(dataset: Path, out: Path, epochs: int, per_block: int, gpus: in
         link.symlink_to(dataset.resolve())
     config = yaml.safe_load((REPO / "config.yaml").read_text())
     config["verify"]["expected_images"] = {s: count_images(dataset / s) for s in ("train2017", "val2017")}
-    config["train"].update(epochs=epochs, epochs_per_block=per_block, gpus=gpus, profile=profile)
+    config["train"].update(epochs=epochs, epochs_per_block=per_block, gpus=gpus, profile=profile, **overrides)
+    if "eager" in (profile,):  # the same settings as the GPU's own row, compile off: for scaling runs
+        config["gpu_profiles"].append(
+            {
+                "name": "eager",
+                "auto": False,
+                "batch_size": 128,
+                "precision": "bf16",
+                "compile": False,
+                "cuda_graphs": False,
+                "te_graphs": False,
+            }
+        )
     config["stage"]["subdir"] = f"bench-{out.name}"
     (out / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(out)]
@@ -89,7 +103,7 @@ def run_pipeline(dataset: Path, out: Path, epochs: int, per_block: int, gpus: in
         summary["warm_epoch0_overhead_seconds"] = warm["epoch0_overhead_seconds"]
         summary["warm_first_validation_seconds"] = warm["first_validation_seconds"]
         steadies = [s["steady_images_per_second"] for s in (summary, warm) if s["steady_images_per_second"]]
-        summary["steady_images_per_second"] = round(sum(steadies) / len(steadies), 1)
+        summary["steady_images_per_second"] = round(sum(steadies) / len(steadies), 1) if steadies else None
     run = read_json(blocks[0] / "run.json")
     return {
         "wall_seconds": wall,
@@ -112,7 +126,9 @@ def main() -> None:
     parser.add_argument("--pipeline-epochs", type=int, default=4)
     parser.add_argument("--epochs-per-block", type=int, default=2)
     parser.add_argument("--gpus", type=int, default=1)
-    parser.add_argument("--profile", default="auto")
+    parser.add_argument("--profile", default="auto", help="a gpu_profiles row, or eager: bf16 batch 128 uncompiled")
+    parser.add_argument("--device", default="cuda", help="cpu: a smoke run of this script without a GPU")
+    parser.add_argument("--resolution", type=int, default=384)
     parser.add_argument("--name", default="pipeline", help="subfolder of --out for the workflow run")
     args = parser.parse_args()
     summary_path = args.out / "summary.json"
@@ -121,7 +137,13 @@ def main() -> None:
         summary["stock"] = run_stock(args.dataset, args.out / "stock", args.stock_epochs, args.stock_batch)
     if args.only in (None, "pipeline"):
         summary[args.name] = run_pipeline(
-            args.dataset, args.out / args.name, args.pipeline_epochs, args.epochs_per_block, args.gpus, args.profile
+            args.dataset,
+            args.out / args.name,
+            args.pipeline_epochs,
+            args.epochs_per_block,
+            args.gpus,
+            args.profile,
+            {"device": args.device, "resolution": args.resolution},
         )
     if "stock" in summary and args.name in summary:
         summary[f"{args.name}_over_stock"] = round(

@@ -188,8 +188,8 @@ def lightning_callbacks(stop_at: int, epoch_log: Path) -> list[Any]:
         def on_train_batch_end(
             self, trainer: pl.Trainer, module: pl.LightningModule, outputs: Any, batch: Any, idx: int
         ) -> None:
-            images = batch[0]
-            self.record["images"] += int(getattr(images, "tensors", images).shape[0])
+            images = batch[0]  # this rank's share: under DDP every rank takes an equal batch
+            self.record["images"] += int(getattr(images, "tensors", images).shape[0]) * trainer.world_size
 
         def on_validation_epoch_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
             sync()
@@ -289,7 +289,7 @@ def train_kwargs(recipe: Mapping[str, Any], dataset: str, state_dir: Path, worke
     )
     if device.kind == "cpu":
         kwargs["device"] = "cpu"
-    elif recipe["gpus"] > 1:
+    if recipe["gpus"] > 1:  # Lightning DDP, one process per device (on the CPU: gloo, as in the tests)
         kwargs.update(devices=recipe["gpus"], strategy="ddp")
     return kwargs
 
@@ -326,8 +326,10 @@ def train_block(args: argparse.Namespace, settings: Mapping[str, Any]) -> None:
     recipe = recipe_of(train, profile, rfdetr_version())
     run_id = recipe_id(recipe)
     state_dir = args.state_root / run_id
-    state_dir.mkdir(parents=True, exist_ok=True)
-    write_json(state_dir / "recipe.json", recipe)
+    main_rank = is_main_rank()  # under DDP, Lightning starts the other ranks by running this script again
+    if main_rank:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        write_json(state_dir / "recipe.json", recipe)
     log.info("Recipe %s: %s", run_id, json.dumps(recipe, sort_keys=True))
 
     previous = None
@@ -347,11 +349,12 @@ def train_block(args: argparse.Namespace, settings: Mapping[str, Any]) -> None:
     state_epoch = checkpoint_epoch(state_last) if state_last.is_file() else None
     plan = plan_resume(state_last, state_epoch, previous, start, end)
     log.info("Epochs %d-%d of %d: %s", start + 1, end, recipe["epochs"], plan.note)
-    if plan.checkpoint is None:
-        for stale in state_dir.glob("*"):  # an earlier run under this recipe: start clean
-            if stale.name != "recipe.json":
-                stale.unlink() if stale.is_file() else shutil.rmtree(stale)
-    truncate_metrics(state_dir / "metrics.csv", plan.next_epoch)
+    if main_rank:
+        if plan.checkpoint is None:
+            for stale in state_dir.glob("*"):  # an earlier run under this recipe: start clean
+                if stale.name != "recipe.json":
+                    stale.unlink() if stale.is_file() else shutil.rmtree(stale)
+        truncate_metrics(state_dir / "metrics.csv", plan.next_epoch)
 
     stage = read_json(args.stage_report)
     if plan.next_epoch < end:
@@ -369,7 +372,7 @@ def train_block(args: argparse.Namespace, settings: Mapping[str, Any]) -> None:
         with extra_callbacks(lightning_callbacks(end, state_dir / "epochs.jsonl")):
             model.train(**kwargs)
 
-    if not is_main_rank():
+    if not main_rank:
         return
     if checkpoint_epoch(state_last) + 1 != end:
         raise StageError(f"Training stopped before epoch {end}; see the log above. Run snakemake again to resume.")

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The GPU measurements of BENCHMARKS.md, on a machine without network (the project's device machine).
+# usage: bench/gpu_run.sh stock|pipeline|ddp      (OUT: folder for results; default /tmp/bench-out)
+# Needs the wheelhouse in .whl (../shared/gpu/wheelhouse.sh -d .whl) and ../shared/gpu/synth_coco.py.
+set -euo pipefail
+phase=$1
+OUT=${OUT:-/tmp/bench-out}
+DATA=/dev/shm/synth-coco
+mkdir -p "$OUT"
+if [ ! -d /tmp/site ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+fi
+export PYTHONPATH=/tmp/site:$PWD
+if [ ! -f "$DATA/annotations/instances_val2017.json" ]; then
+  python3 "$(ls ../shared/gpu/synth_coco.py .gpu/synth_coco.py 2>/dev/null | head -1)" "$DATA" "${N_TRAIN:-4096}" "${N_VAL:-500}"
+fi
+{ date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; nproc
+  python3 -c 'import torch, importlib.metadata as m; print("torch", torch.__version__, "rfdetr", m.version("rfdetr"), "snakemake", m.version("snakemake"))'
+} > "$OUT/env-$phase.txt" 2>&1
+case $phase in
+  stock)    CUDA_VISIBLE_DEVICES=0 python3 -m bench.compare --dataset "$DATA" --out /tmp/bench --only stock --stock-epochs 2 ;;
+  pipeline) CUDA_VISIBLE_DEVICES=0 python3 -m bench.compare --dataset "$DATA" --out /tmp/bench --only pipeline --pipeline-epochs 4 --epochs-per-block 2 ;;
+  ddp)      for g in 1 2; do
+              python3 -m bench.compare --dataset "$DATA" --out /tmp/bench --only pipeline --name "eager_${g}gpu" \
+                --profile eager --gpus "$g" --pipeline-epochs 2 --epochs-per-block 2
+            done ;;
+esac
+cp /tmp/bench/summary.json "$OUT/summary-$phase.json"
+for f in /tmp/bench/*/stock.log /tmp/bench/*/results/logs/train/block_0[12].log; do
+  [ -f "$f" ] && tail -c 200000 "$f" > "$OUT/$(echo "$f" | cut -d/ -f4)-$(basename "$f")"
+done
+ls -la "$OUT"
