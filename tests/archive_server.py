@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -22,7 +23,8 @@ class Request:
 
 @dataclass
 class Faults:
-    once: dict[str, list[str]] = field(default_factory=dict)  # name -> faults for its next GETs, in order
+    # name -> faults for its next GETs, in order: "drop" (cut halfway), "corrupt", "ignore_range", "slow"
+    once: dict[str, list[str]] = field(default_factory=dict)
     status: dict[str, int] = field(default_factory=dict)  # name -> HTTP status for every request
     ignore_range: bool = False
 
@@ -115,6 +117,13 @@ class ArchiveServer:
         if fault == "corrupt":
             body = bytes(b ^ 0xFF for b in body[:64]) + body[64:]
         # Recorded before the body goes out: a client that has its bytes may look at the log at once.
+        if fault == "slow":  # about 4 s for a 10 kB archive: time enough to kill whatever is fetching it
+            self._record(method, name, range_header, status_sent, len(body))
+            for start in range(0, len(body), 256):
+                handler.wfile.write(body[start : start + 256])
+                handler.wfile.flush()
+                time.sleep(0.1)
+            return
         if fault == "drop":
             half = body[: len(body) // 2]
             self._record(method, name, range_header, status_sent, len(half))

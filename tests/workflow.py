@@ -5,11 +5,14 @@ from __future__ import annotations
 import copy
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
@@ -86,3 +89,48 @@ def run_snakemake(workdir: Path, *args: str, timeout: float = 900) -> subprocess
 def jobs_run(output: str) -> list[str]:
     """Rules of the jobs snakemake finished, in order (its 'Finished jobid: N (Rule: X)' lines), 'all' left out."""
     return [name for name in re.findall(r"Finished jobid: \d+ \(Rule: (\w+)\)", output) if name != "all"]
+
+
+def start_snakemake(workdir: Path, *args: str, name: str = "background") -> subprocess.Popen[str]:
+    """Start snakemake in its own process group (so a test can kill it and its jobs, like a lost node);
+    its output goes to <workdir>/<name>.out."""
+    output = open(workdir / f"{name}.out", "w")  # noqa: SIM115 - closed with the process
+    return subprocess.Popen(
+        snakemake_command(workdir, *args),
+        cwd=workdir,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=output,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def wait_for_job(snakemake: subprocess.Popen[str], marker: str, timeout: float = 600) -> psutil.Process:
+    """The first process under `snakemake` whose command line contains `marker`, as soon as it runs."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and snakemake.poll() is None:
+        for process in psutil.Process(snakemake.pid).children(recursive=True):
+            try:
+                if marker in " ".join(process.cmdline()):
+                    return process
+            except psutil.Error:
+                continue
+        time.sleep(0.02)
+    raise AssertionError(f"no job matching {marker!r} started (snakemake exit code {snakemake.poll()})")
+
+
+def wait_for_file(snakemake: subprocess.Popen[str], pattern: str, root: Path, timeout: float = 600) -> Path:
+    deadline = time.time() + timeout
+    while time.time() < deadline and snakemake.poll() is None:
+        found = next(root.glob(pattern), None)
+        if found:
+            return found
+        time.sleep(0.1)
+    raise AssertionError(f"{pattern} never appeared under {root} (snakemake exit code {snakemake.poll()})")
+
+
+def kill_group(snakemake: subprocess.Popen[str], sig: int = signal.SIGKILL) -> None:
+    """Kill snakemake and every job it started, at once: what a lost node or `kill -9` does."""
+    os.killpg(snakemake.pid, sig)
+    snakemake.wait(timeout=60)

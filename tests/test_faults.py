@@ -1,0 +1,302 @@
+"""Fault injection against the real workflow: real snakemake, a real HTTP server on 127.0.0.1, real files,
+processes and signals. Each fault is either survived (the next run, with any flag the README names, completes,
+no finished archive is fetched again, at most one epoch of training is lost) or refused (the run stops before
+harm is done, says what is wrong and what to do, and leaves no half-written file that looks finished).
+README.md's fault table names the test behind each row."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import socket
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.archive_server import ArchiveServer
+from tests.tiny_coco import make_archives, md5
+from tests.workflow import (
+    jobs_run,
+    kill_group,
+    run_snakemake,
+    start_snakemake,
+    tiny_config,
+    wait_for_file,
+    wait_for_job,
+    write_config,
+)
+
+pytestmark = pytest.mark.slow
+VERIFIED = "results/verify/dataset.json"
+
+
+def gets(server: ArchiveServer, archive: str) -> int:
+    return len(server.gets(f"{archive}.zip"))
+
+
+# ------------------------------------------------------------------------------------------------ network ----
+
+
+def closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_an_unreachable_server_stops_the_download_then_a_rerun_completes(workdir, server, archives):
+    config = tiny_config(workdir, server.url, archives)
+    good_url = config["archives"]["val2017"]["url"]
+    config["archives"]["val2017"]["url"] = f"http://127.0.0.1:{closed_port()}/val2017.zip"
+    write_config(workdir, config)
+    failed = run_snakemake(workdir, VERIFIED)
+    assert failed.returncode != 0 and "Download failed after 3 tries" in failed.stdout
+    assert (workdir / "data" / "coco2017" / "annotations").is_dir()
+    config["archives"]["val2017"]["url"] = good_url  # the network is back
+    write_config(workdir, config)
+    result = run_snakemake(workdir, VERIFIED)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert gets(server, "annotations_trainval2017") == 1 and gets(server, "val2017") == 1
+
+
+def test_a_connection_dropped_once_is_resumed_within_the_same_run(workdir, server):
+    server.faults.once["train2017.zip"] = ["drop"]
+    result = run_snakemake(workdir, VERIFIED)
+    assert result.returncode == 0, result.stdout[-3000:]
+    first, second = server.gets("train2017.zip")
+    assert first.range is None and second.range == f"bytes={first.bytes_sent}-" and second.status == 206
+
+
+def test_a_server_that_ignores_range_gets_a_clean_restart_of_that_file(workdir, server):
+    server.faults.once["train2017.zip"] = ["drop"]
+    server.faults.ignore_range = True
+    result = run_snakemake(workdir, VERIFIED)
+    assert result.returncode == 0, result.stdout[-3000:]
+    first, second = server.gets("train2017.zip")
+    assert second.range is not None and second.status == 200  # asked to resume, sent the whole file
+    assert "restarting" in (workdir / "results" / "logs" / "download" / "train2017.log").read_text()
+
+
+@pytest.mark.parametrize(("status", "message", "requests"), [(404, "HTTP 404", 1), (500, "HTTP 500", 3)])
+def test_http_errors_stop_with_a_clear_message_after_bounded_retries(workdir, server, status, message, requests):
+    server.faults.status["val2017.zip"] = status
+    failed = run_snakemake(workdir, VERIFIED)
+    assert failed.returncode != 0 and message in failed.stdout
+    assert len([r for r in server.requests if r.name == "val2017.zip"]) == requests
+    del server.faults.status["val2017.zip"]
+    result = run_snakemake(workdir, VERIFIED)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert gets(server, "annotations_trainval2017") == 1
+
+
+# ------------------------------------------------------------------------------------------ disk and data ----
+
+
+def test_not_enough_disk_is_refused_before_anything_is_fetched(tmp_path, server, archives, small_tmpfs):
+    disk = small_tmpfs("disk", "64k")
+    config = tiny_config(tmp_path, server.url, archives)
+    config["data_dir"] = str(disk)
+    config["archives"]["train2017"]["extracted_bytes"] = 10**6  # more than the small disk holds
+    write_config(tmp_path, config)
+    failed = run_snakemake(tmp_path, VERIFIED)
+    assert failed.returncode != 0 and "Not enough free disk" in failed.stdout and "but only" in failed.stdout
+    assert [r for r in server.requests if r.method == "GET"] == []
+    assert not list(disk.rglob("*.zip*"))  # neither an archive nor a partial one
+
+
+def serve_variant(tmp_path: Path, tiny_dataset: Path, change) -> tuple[ArchiveServer, dict]:
+    """Archives of a changed copy of the dataset (their MD5s match: what the server sends is what was made)."""
+    source = Path(shutil.copytree(tiny_dataset, tmp_path / "variant"))
+    change(source)
+    return ArchiveServer(tmp_path / "served"), make_archives(source, tmp_path / "served")
+
+
+def test_a_truncated_archive_is_refused_at_extraction(tmp_path, tiny_dataset):
+    served, archives = serve_variant(tmp_path, tiny_dataset, lambda root: None)
+    data = archives["train2017"]["path"].read_bytes()
+    archives["train2017"]["path"].write_bytes(data[: len(data) // 2])
+    archives["train2017"]["md5"] = md5(archives["train2017"]["path"])
+    with served:
+        write_config(tmp_path, tiny_config(tmp_path, served.url, archives))
+        failed = run_snakemake(tmp_path, VERIFIED)
+    assert failed.returncode != 0 and "is not a readable zip archive" in failed.stdout
+    assert "Delete it and run snakemake again" in failed.stdout
+    assert not (tmp_path / "data" / "coco2017" / "train2017").exists()
+
+
+def add_member(archive: Path, name: str, data: bytes = b"x", link: bool = False) -> None:
+    with zipfile.ZipFile(archive, "a") as zf:
+        info = zipfile.ZipInfo(name)
+        if link:
+            info.external_attr = 0o120777 << 16
+        zf.writestr(info, data)
+
+
+@pytest.mark.parametrize(
+    ("member", "link", "reason"),
+    [
+        ("val2017/../../../escaped.txt", False, "contains '..'"),
+        ("/tmp/escaped.txt", False, "an absolute path"),
+        ("val2017/link.jpg", True, "a symbolic link"),
+    ],
+)
+def test_archive_members_that_would_escape_are_refused(tmp_path, tiny_dataset, member, link, reason):
+    served, archives = serve_variant(tmp_path, tiny_dataset, lambda root: None)
+    add_member(archives["val2017"]["path"], member, b"/etc/passwd" if link else b"x", link)
+    archives["val2017"]["md5"] = md5(archives["val2017"]["path"])
+    with served:
+        write_config(tmp_path, tiny_config(tmp_path, served.url, archives))
+        failed = run_snakemake(tmp_path, VERIFIED)
+    assert failed.returncode != 0 and "Refusing to extract" in failed.stdout and reason in failed.stdout
+    assert not (tmp_path / "data" / "coco2017" / "val2017").exists()
+    assert not list(tmp_path.rglob("escaped.txt")) and not Path("/tmp/escaped.txt").exists()
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda root: (root / "annotations" / "instances_val2017.json").unlink(), "instances_val2017.json is missing"),
+        (
+            lambda root: (root / "annotations" / "instances_train2017.json").write_text("{not json"),
+            "instances_train2017.json is not valid JSON",
+        ),
+    ],
+    ids=["annotation-missing", "annotation-not-json"],
+)
+def test_a_bad_annotation_file_is_named_by_the_verify_stage(tmp_path, tiny_dataset, change, message):
+    served, archives = serve_variant(tmp_path, tiny_dataset, change)
+    with served:
+        write_config(tmp_path, tiny_config(tmp_path, served.url, archives))
+        failed = run_snakemake(tmp_path, VERIFIED)
+    assert failed.returncode != 0 and message in failed.stdout and "--forcerun" in failed.stdout
+    assert not (tmp_path / VERIFIED).exists()
+
+
+def test_a_corrupt_jpeg_is_named_and_the_suggested_command_fetches_only_its_archive(workdir, server):
+    assert run_snakemake(workdir, VERIFIED).returncode == 0
+    victim = sorted((workdir / "data" / "coco2017" / "val2017").glob("*.jpg"))[0]
+    victim.write_bytes(victim.read_bytes()[:200])  # a disk that lost the end of a file
+    (workdir / VERIFIED).unlink()
+    failed = run_snakemake(workdir, VERIFIED)
+    assert failed.returncode != 0 and f"val2017: 1 image(s) do not decode: {victim.name}" in failed.stdout
+    suggested = failed.stdout.split("snakemake --cores all ")[1].split(" (and")[0].split()
+    result = run_snakemake(workdir, VERIFIED, *suggested)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert (
+        gets(server, "val2017") == 2
+        and gets(server, "train2017") == 1
+        and gets(server, "annotations_trainval2017") == 1
+    )
+
+
+def test_image_counts_off_by_one_stop_the_run_and_a_fixed_config_reruns_only_the_check(workdir, server, archives):
+    config = tiny_config(workdir, server.url, archives)
+    config["verify"]["expected_images"]["val2017"] = 5
+    write_config(workdir, config)
+    failed = run_snakemake(workdir, VERIFIED)
+    assert failed.returncode != 0 and "val2017: found 4 images" in failed.stdout and "expected 5" in failed.stdout
+    config["verify"]["expected_images"]["val2017"] = 4
+    write_config(workdir, config)
+    result = run_snakemake(workdir, VERIFIED)
+    assert result.returncode == 0 and jobs_run(result.stdout) == ["verify_counts"]
+
+
+# -------------------------------------------------------------------------------------------- processes ----
+
+
+def rerun_after_a_kill(workdir: Path) -> str:
+    """What the README says to do after a killed snakemake: unlock, then the same command again."""
+    locked = run_snakemake(workdir)
+    assert locked.returncode != 0 and "--unlock" in locked.stdout  # the stale lock is named, with its fix
+    assert run_snakemake(workdir, "--unlock").returncode == 0
+    result = run_snakemake(workdir)
+    assert result.returncode == 0, result.stdout[-3000:]
+    return result.stdout
+
+
+@pytest.mark.parametrize(
+    "marker",
+    [
+        "scripts.download --archive train2017",
+        "scripts.extract",
+        "scripts.verify_counts",
+        "scripts.stage",
+        "scripts.train",
+    ],
+    ids=["download", "extract", "verify", "stage", "train"],
+)
+def test_sigkill_of_snakemake_during_each_stage_is_survived(workdir, server, archives, marker):
+    server.faults.once["train2017.zip"] = ["slow"]  # so the kill lands while the archive is still arriving
+    write_config(workdir, tiny_config(workdir, server.url, archives, epochs=1))
+    snakemake = start_snakemake(workdir)
+    wait_for_job(snakemake, marker)
+    if marker.startswith("scripts.download"):  # let some bytes arrive first
+        part = wait_for_file(snakemake, "train2017.zip.part", workdir / "data" / "archives")
+        while part.stat().st_size < 1024 and snakemake.poll() is None:
+            time.sleep(0.05)
+    kill_group(snakemake)
+    output = rerun_after_a_kill(workdir)
+    assert (workdir / "results" / "plots" / "summary.txt").is_file()
+    for archive in ("annotations_trainval2017", "val2017", "train2017"):
+        assert gets(server, archive) <= 2  # finished archives are never fetched again
+    if marker.startswith("scripts.download"):
+        assert gets(server, "train2017") == 2 and gets(server, "val2017") == 1
+        assert (server.gets("train2017.zip")[1].range or "").startswith("bytes=")  # the .part file was resumed
+    else:
+        assert all(gets(server, a) == 1 for a in ("annotations_trainval2017", "val2017", "train2017"))
+    assert "train_block" in jobs_run(output)
+
+
+def test_sigterm_of_a_training_job_loses_at_most_one_epoch(workdir, server, archives):
+    write_config(workdir, tiny_config(workdir, server.url, archives, epochs=2, epochs_per_block=2))
+    snakemake = start_snakemake(workdir)
+    checkpoint = wait_for_file(snakemake, "*/last.ckpt", workdir / "results" / "train" / "state")
+    wait_for_job(snakemake, "scripts.train").send_signal(signal.SIGTERM)
+    assert snakemake.wait(timeout=300) != 0
+    result = run_snakemake(workdir)
+    assert result.returncode == 0, result.stdout[-3000:]
+    records = [json.loads(line)["epoch"] for line in (checkpoint.parent / "epochs.jsonl").read_text().splitlines()]
+    assert records == [0, 1]  # epoch 0 was kept, only epoch 1 was trained again
+    assert "resuming the interrupted block" in (workdir / "results" / "logs" / "train" / "block_01.log").read_text()
+
+
+def test_a_second_invocation_in_the_same_folder_is_refused_while_the_first_runs(workdir, server):
+    server.faults.once["train2017.zip"] = ["slow"]
+    first = start_snakemake(workdir, VERIFIED)
+    wait_for_job(first, "scripts.download --archive train2017")
+    second = run_snakemake(workdir, VERIFIED)
+    assert second.returncode != 0 and "Directory cannot be locked" in second.stdout
+    assert first.wait(timeout=300) == 0  # the first run was not disturbed
+    assert gets(server, "train2017") == 1
+
+
+# ------------------------------------------------------------------------------------------ environment ----
+
+
+def test_without_a_gpu_training_stops_with_what_to_do(workdir, server, archives):
+    write_config(workdir, tiny_config(workdir, server.url, archives, device="cuda", epochs=1))
+    failed = run_snakemake(workdir)
+    assert failed.returncode != 0 and "No CUDA GPU is visible" in failed.stdout and "train.device: cpu" in failed.stdout
+    assert not (workdir / "results" / "train" / "block_01" / "checkpoint.ckpt").exists()
+    assert (workdir / VERIFIED).is_file()  # the data stages before it are kept
+
+
+def test_a_ramdisk_too_small_trains_from_the_disk_copy(workdir, server, archives, small_tmpfs):
+    config = tiny_config(workdir, server.url, archives, epochs=1)
+    config["stage"]["ramdisk"] = str(small_tmpfs("shm-small", "16k"))
+    write_config(workdir, config)
+    result = run_snakemake(workdir)
+    assert result.returncode == 0, result.stdout[-3000:]
+    stage = json.loads((workdir / "results" / "train" / "block_01" / "stage.json").read_text())
+    assert stage["where"] == "disk" and "the copy needs" in stage["reason"]
+    assert "reads the dataset from disk" in (workdir / "results" / "logs" / "train" / "block_01.stage.log").read_text()
+
+
+def test_fp8_without_transformer_engine_stops_before_training(workdir, server, archives):
+    write_config(workdir, tiny_config(workdir, server.url, archives, profile="rtx-pro-6000-fp8", epochs=1))
+    failed = run_snakemake(workdir)
+    assert failed.returncode != 0 and "asks for the FP8 route, which cannot run here" in failed.stdout
+    assert "Transformer Engine does not import" in failed.stdout and "fp8_fallback: bf16" in failed.stdout
+    assert not (workdir / "results" / "train" / "block_01" / "checkpoint.ckpt").exists()
