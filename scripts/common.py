@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,11 @@ def run_main(main: Any) -> None:
 def size(n_bytes: float) -> str:
     """A byte count as people read it: 18.01 GiB, 64 KiB."""
     return humanfriendly.format_size(n_bytes, binary=True)
+
+
+def where_this_runs() -> dict[str, str | None]:
+    """Host and SLURM job of this process: staging and training must share both (a RAM disk is per node)."""
+    return {"host": socket.gethostname(), "slurm_job_id": os.environ.get("SLURM_JOB_ID")}
 
 
 def write_json(path: str | os.PathLike[str], data: Any) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 from filelock import FileLock
 from tqdm import tqdm
 
-from scripts.common import log, pipeline_config, read_json, run_main, size, write_json
+from scripts.common import log, pipeline_config, read_json, run_main, size, where_this_runs, write_json
 
 MARKER = ".staged.json"
 PAGE_BYTES = 4096  # tmpfs stores every file in whole pages
@@ -78,7 +78,7 @@ def stage_dataset(
     """Return where training reads the dataset from ({"path", "where", "reason", ...})."""
     start = time.perf_counter()
     source = source.resolve()
-    report: dict[str, Any] = {"source": str(source)}
+    report: dict[str, Any] = {"source": str(source), **where_this_runs()}
 
     def on_disk(reason: str) -> dict[str, Any]:
         log.warning("Training reads the dataset from disk (%s): %s", source, reason)

@@ -28,7 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scripts.common import StageError, log, pipeline_config, read_json, run_main, write_json
+from filelock import FileLock, Timeout
+
+from scripts.common import StageError, log, pipeline_config, read_json, run_main, where_this_runs, write_json
 from scripts.gpu_profiles import Device, detect_device, resolve_profile, settle_profile
 from scripts.stage import remove_staged
 
@@ -223,9 +225,19 @@ def lightning_callbacks(stop_at: int, epoch_log: Path) -> list[Any]:
     return [StopAtBlockEnd(), EpochLog()]
 
 
+def single_node_ddp_plugins(gpus: int) -> list[Any]:
+    """Inside a SLURM job, Lightning expects `srun` to have started one task per GPU; this workflow starts one
+    process per job, so for several GPUs on one node Lightning must start the other ranks itself."""
+    if gpus <= 1:
+        return []
+    from lightning_fabric.plugins.environments import LightningEnvironment
+
+    return [LightningEnvironment()]
+
+
 @contextmanager
-def extra_callbacks(callbacks: list[Any]) -> Iterator[None]:
-    """Add Lightning callbacks to the Trainer that rfdetr's `train()` builds.
+def extra_callbacks(callbacks: list[Any], plugins: list[Any] | None = None) -> Iterator[None]:
+    """Add Lightning callbacks (and plugins) to the Trainer that rfdetr's `train()` builds.
 
     rfdetr 1.11.2 takes no callbacks argument; its `train()` imports `rfdetr.training.build_trainer` at call
     time, so wrapping that public function is enough. Checked against the exact version it was written for.
@@ -240,7 +252,7 @@ def extra_callbacks(callbacks: list[Any]) -> Iterator[None]:
     original = training.build_trainer
 
     def build_trainer(*args: Any, **kwargs: Any) -> Any:
-        trainer = original(*args, **kwargs)
+        trainer = original(*args, **kwargs, **({"plugins": plugins} if plugins else {}))
         trainer.callbacks.extend(callbacks)
         return trainer
 
@@ -311,6 +323,62 @@ def export_block(state_dir: Path, outdir: Path, start: int, end: int, run_info: 
     log.info("Block outputs written to %s (%d metrics rows)", outdir, rows)
 
 
+def check_previous_block(previous_block: Path, recipe: Mapping[str, Any], run_id: str) -> Path:
+    """The previous block's checkpoint, provided it was trained under this very recipe."""
+    previous_run = read_json(previous_block / "run.json")
+    if previous_run["recipe_id"] != run_id:
+        raise StageError(
+            f"The previous block ({previous_block}) was trained under another recipe "
+            f"({recipe_diff(previous_run['recipe'], recipe)}); checkpoints made under another recipe are "
+            "never resumed. To continue it, restore its settings (pin its GPU profile with "
+            f"train.profile: {previous_run['profile']['name']}); to start over under the new recipe, run "
+            "snakemake --cores all --forcerun train_block."
+        )
+    return previous_block / "checkpoint.ckpt"
+
+
+def lock_state(state_dir: Path) -> FileLock:
+    """One training process per state folder. The OS drops the lock when its holder dies, so it never goes
+    stale; a second process (an earlier job still running, a second run of the workflow) stops at once."""
+    lock = FileLock(str(state_dir / ".training.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout as error:
+        raise StageError(
+            f"Another training process is using {state_dir} (an earlier job that is still running, or a second "
+            "snakemake in this folder). Wait for it to end or stop it, then run snakemake again."
+        ) from error
+    return lock
+
+
+def prepare_state(state_dir: Path, plan: ResumePlan) -> None:
+    if plan.checkpoint is None:
+        for stale in state_dir.glob("*"):  # an earlier run under this recipe: start clean
+            if stale.name not in ("recipe.json", ".training.lock"):
+                stale.unlink() if stale.is_file() else shutil.rmtree(stale)
+    truncate_metrics(state_dir / "metrics.csv", plan.next_epoch)
+
+
+def run_rfdetr(recipe: Mapping[str, Any], profile: Mapping[str, Any], kwargs: dict[str, Any], end: int) -> None:
+    """rfdetr's train() with our callbacks; a SIGTERM (a scheduler, a user) becomes a clear error."""
+    import pytorch_lightning as pl
+    from pytorch_lightning.utilities.exceptions import SIGTERMException
+    from rfdetr import RFDETRNano
+
+    # rfdetr seeds inside train(), after the model is built: seed first so the random initialisation is
+    # reproducible too (the same seed gives the same run).
+    pl.seed_everything(recipe["seed"], workers=True)
+    model = RFDETRNano(pretrain_weights=None, compile=profile["compile"], cuda_graphs=profile["cuda_graphs"])
+    callbacks = lightning_callbacks(end, Path(kwargs["output_dir"]) / "epochs.jsonl")
+    try:
+        with extra_callbacks(callbacks, single_node_ddp_plugins(recipe["gpus"])):
+            model.train(**kwargs)
+    except SIGTERMException as stop:  # Lightning's SystemExit, which would otherwise exit with status 0
+        raise StageError(
+            "Training was stopped by SIGTERM. The last completed epoch is saved; run snakemake again to resume."
+        ) from stop
+
+
 def train_block(args: argparse.Namespace, settings: Mapping[str, Any]) -> None:
     train = {**settings["train"], **json.loads(args.recipe)}
     start, end = args.start_epoch, args.end_epoch
@@ -326,52 +394,25 @@ def train_block(args: argparse.Namespace, settings: Mapping[str, Any]) -> None:
     recipe = recipe_of(train, profile, rfdetr_version())
     run_id = recipe_id(recipe)
     state_dir = args.state_root / run_id
+    log.info("Recipe %s: %s", run_id, json.dumps(recipe, sort_keys=True))
+    previous = check_previous_block(args.previous_block, recipe, run_id) if args.previous_block else None
     main_rank = is_main_rank()  # under DDP, Lightning starts the other ranks by running this script again
     if main_rank:
         state_dir.mkdir(parents=True, exist_ok=True)
+        lock = lock_state(state_dir)  # held until this process ends  # noqa: F841
         write_json(state_dir / "recipe.json", recipe)
-    log.info("Recipe %s: %s", run_id, json.dumps(recipe, sort_keys=True))
-
-    previous = None
-    if args.previous_block:
-        previous_run = read_json(args.previous_block / "run.json")
-        if previous_run["recipe_id"] != run_id:
-            raise StageError(
-                f"The previous block ({args.previous_block}) was trained under another recipe "
-                f"({recipe_diff(previous_run['recipe'], recipe)}); checkpoints made under another recipe are "
-                "never resumed. To continue it, restore its settings (pin its GPU profile with "
-                f"train.profile: {previous_run['profile']['name']}); to start over under the new recipe, run "
-                "snakemake --cores all --forcerun train_block."
-            )
-        previous = args.previous_block / "checkpoint.ckpt"
 
     state_last = state_dir / "last.ckpt"
-    state_epoch = checkpoint_epoch(state_last) if state_last.is_file() else None
-    plan = plan_resume(state_last, state_epoch, previous, start, end)
+    plan = plan_resume(state_last, checkpoint_epoch(state_last) if state_last.is_file() else None, previous, start, end)
     log.info("Epochs %d-%d of %d: %s", start + 1, end, recipe["epochs"], plan.note)
     if main_rank:
-        if plan.checkpoint is None:
-            for stale in state_dir.glob("*"):  # an earlier run under this recipe: start clean
-                if stale.name != "recipe.json":
-                    stale.unlink() if stale.is_file() else shutil.rmtree(stale)
-        truncate_metrics(state_dir / "metrics.csv", plan.next_epoch)
-
+        prepare_state(state_dir, plan)
     stage = read_json(args.stage_report)
     if plan.next_epoch < end:
-        import pytorch_lightning as pl
-        from rfdetr import RFDETRNano
-
-        # rfdetr seeds inside train(), after the model is built: seed first so the random initialisation is
-        # reproducible too (the same seed gives the same run).
-        pl.seed_everything(recipe["seed"], workers=True)
-        workers = min(args.threads, train["max_workers"])
-        kwargs = train_kwargs(recipe, stage["path"], state_dir, workers, device)
+        kwargs = train_kwargs(recipe, stage["path"], state_dir, min(args.threads, train["max_workers"]), device)
         if plan.checkpoint is not None:
             kwargs["resume"] = str(plan.checkpoint)
-        model = RFDETRNano(pretrain_weights=None, compile=profile["compile"], cuda_graphs=profile["cuda_graphs"])
-        with extra_callbacks(lightning_callbacks(end, state_dir / "epochs.jsonl")):
-            model.train(**kwargs)
-
+        run_rfdetr(recipe, profile, kwargs, end)
     if not main_rank:
         return
     if checkpoint_epoch(state_last) + 1 != end:
@@ -382,6 +423,7 @@ def train_block(args: argparse.Namespace, settings: Mapping[str, Any]) -> None:
         "profile": profile,
         "profile_reason": reason,
         "device": device.describe(),
+        **where_this_runs(),
         "epochs": [start, end],
         "resumed_from": str(plan.checkpoint) if plan.checkpoint else None,
         "dataset": stage,

@@ -5,17 +5,22 @@ what the failure touched."""
 from __future__ import annotations
 
 import json
-import subprocess
-import time
 
 import pandas as pd
-import psutil
 import pytest
 import torch
 from PIL import Image
 
 from tests.archive_server import ArchiveServer
-from tests.workflow import jobs_run, run_snakemake, snakemake_command, tiny_config, write_config
+from tests.workflow import (
+    jobs_run,
+    run_snakemake,
+    start_snakemake,
+    tiny_config,
+    wait_for_file,
+    wait_for_job,
+    write_config,
+)
 
 pytestmark = pytest.mark.slow
 ARCHIVE_NAMES = ["annotations_trainval2017.zip", "val2017.zip", "train2017.zip"]
@@ -146,26 +151,11 @@ def test_a_corrupt_archive_is_fetched_again_and_nothing_else_is(workdir, server,
 
 def test_a_killed_training_job_resumes_from_its_last_epoch(workdir, server, archives):
     write_config(workdir, tiny_config(workdir, server.url, archives, epochs=2, epochs_per_block=2))
-    snakemake = subprocess.Popen(
-        snakemake_command(workdir), cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    checkpoint = None
-    deadline = time.time() + 600
-    while time.time() < deadline and snakemake.poll() is None:  # wait until epoch 0 is checkpointed
-        checkpoint = next((workdir / "results" / "train" / "state").glob("*/last.ckpt"), None)
-        if checkpoint:
-            break
-        time.sleep(0.2)
-    assert checkpoint is not None, "training never finished its first epoch"
-    epoch_log = checkpoint.parent / "epochs.jsonl"
-    trainers = [
-        p for p in psutil.Process(snakemake.pid).children(recursive=True) if "scripts.train" in " ".join(p.cmdline())
-    ]
-    assert trainers
-    for process in trainers:
-        process.kill()
-    output, _ = snakemake.communicate(timeout=300)
-    assert snakemake.returncode != 0 and "Error in rule train_block" in output
+    snakemake = start_snakemake(workdir)
+    checkpoint = wait_for_file(snakemake, "*/last.ckpt", workdir / "results" / "train" / "state")  # epoch 1 saved
+    wait_for_job(snakemake, "scripts.train").kill()
+    assert snakemake.wait(timeout=300) != 0
+    assert "Error in rule train_block" in (workdir / "background.out").read_text()
     downloads = len([r for r in server.requests if r.method == "GET"])
 
     result = run_snakemake(workdir)
@@ -174,7 +164,7 @@ def test_a_killed_training_job_resumes_from_its_last_epoch(workdir, server, arch
     assert len([r for r in server.requests if r.method == "GET"]) == downloads
     log = (workdir / "results" / "logs" / "train" / "block_01.log").read_text()
     assert "resuming the interrupted block" in log and "at epoch 2" in log
-    records = [json.loads(line) for line in epoch_log.read_text().splitlines()]
+    records = [json.loads(line) for line in (checkpoint.parent / "epochs.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in records] == [0, 1]  # epoch 0 was not trained again
     epochs = json.loads((workdir / "results" / "train" / "block_01" / "epochs.json").read_text())
     assert [r["epoch"] for r in epochs] == [0, 1]

@@ -107,12 +107,13 @@ def start_snakemake(workdir: Path, *args: str, name: str = "background") -> subp
 
 
 def wait_for_job(snakemake: subprocess.Popen[str], marker: str, timeout: float = 600) -> psutil.Process:
-    """The first process under `snakemake` whose command line contains `marker`, as soon as it runs."""
+    """The first Python process under `snakemake` whose command line contains `marker`, as soon as it runs
+    (not the job's shell, whose command line names every script of the job)."""
     deadline = time.time() + timeout
     while time.time() < deadline and snakemake.poll() is None:
         for process in psutil.Process(snakemake.pid).children(recursive=True):
             try:
-                if marker in " ".join(process.cmdline()):
+                if process.name().startswith("python") and marker in " ".join(process.cmdline()):
                     return process
             except psutil.Error:
                 continue

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Start a one-node SLURM cluster on this machine for the cluster tests: Debian's slurm-wlm and munge, with a
+# fake `gpu` GRES (2 GPUs that are not there). Needs root; installs the packages when they are missing.
+# Idempotent: a cluster that already answers is left alone. Prints why, and exits 0, when it cannot start
+# one; the SLURM tests then skip with that reason.
+set -euo pipefail
+state=${SLURM_TEST_STATE:-/tmp/slurm-test}
+ready() { sinfo -h -o %T 2>/dev/null | grep -q -E "^(idle|mixed|allocated)"; }
+if ready; then echo "SLURM already running"; exit 0; fi
+if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then
+  if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
+    echo "SLURM is not installed and this user cannot install it (needs root and apt-get)"; exit 0
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y -q slurm-wlm munge >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q slurm-wlm munge >/dev/null; }
+fi
+if [ "$(id -u)" != 0 ]; then echo "starting slurmd needs root"; exit 0; fi
+
+host=$(hostname -s)
+cpus=$(nproc)
+mem=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 - 1024 ))
+mkdir -p "$state"/{ctld,slurmd,log} /etc/slurm /run/munge /var/log/munge /var/lib/munge
+[ -s /etc/munge/munge.key ] || { mkdir -p /etc/munge; dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 2>/dev/null; }
+chown -R munge:munge /etc/munge /run/munge /var/log/munge /var/lib/munge 2>/dev/null || true
+chmod 400 /etc/munge/munge.key
+pgrep -x munged >/dev/null || runuser -u munge -- munged 2>/dev/null || munged --force
+
+cat > /etc/slurm/slurm.conf <<CONF
+ClusterName=local
+SlurmctldHost=$host
+SlurmUser=root
+AuthType=auth/munge
+StateSaveLocation=$state/ctld
+SlurmdSpoolDir=$state/slurmd
+SlurmctldPidFile=$state/slurmctld.pid
+SlurmdPidFile=$state/slurmd.pid
+SlurmctldLogFile=$state/log/slurmctld.log
+SlurmdLogFile=$state/log/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core_Memory
+GresTypes=gpu
+ReturnToService=2
+MinJobAge=3600
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+SchedulerParameters=sched_interval=1
+NodeName=$host CPUs=$cpus RealMemory=$mem Gres=gpu:2 State=UNKNOWN
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+CONF
+# Two stand-in device files: slurmd counts a gpu GRES by its File entries.
+for i in 0 1; do [ -e "$state/gpu$i" ] || mknod "$state/gpu$i" c 1 3 2>/dev/null || touch "$state/gpu$i"; done
+cat > /etc/slurm/gres.conf <<CONF
+AutoDetect=off
+NodeName=$host Name=gpu File=$state/gpu[0-1]
+CONF
+pkill -x slurmd 2>/dev/null || true
+pkill -x slurmctld 2>/dev/null || true
+sleep 1
+slurmctld -c -i
+sleep 1
+slurmd
+for _ in $(seq 30); do
+  if ready; then sinfo; exit 0; fi
+  sleep 1
+done
+echo "SLURM did not come up; see $state/log"; tail -n 5 "$state"/log/*.log; exit 0

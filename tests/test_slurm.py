@@ -1,0 +1,147 @@
+"""The SLURM profile against a real one-node SLURM (Debian's slurm-wlm and munge, a fake `gpu` GRES), started
+by tests/slurm/start.sh: the jobs go through sbatch with the expected requests, staging and training share a
+job, and a training job cancelled mid-block is resubmitted and resumes."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.workflow import REPO, snakemake_command, tiny_config, wait_for_file, write_config
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+PARTITION = "debug"  # the test cluster's only partition
+
+
+def slurm_ready() -> bool:
+    states = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, check=False)
+    return bool(re.search(r"^(idle|mixed|allocated)", states.stdout, re.M))
+
+
+@pytest.fixture(scope="module")
+def slurm() -> None:
+    started = subprocess.run(["bash", str(REPO / "tests" / "slurm" / "start.sh")], capture_output=True, text=True)
+    if not slurm_ready():
+        reason = f"SLURM cannot run here: {started.stdout.strip()} {started.stderr.strip()}"
+        print(reason)
+        pytest.skip(reason)
+
+
+def slurm_test_profile(tmp_path: Path) -> Path:
+    """profiles/slurm with only the partition and the limits changed for a 2-core test node. The test cluster
+    keeps no accounting database, so job states come from squeue and no account is asked for."""
+    profile = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
+    profile["default-resources"]["slurm_partition"] = PARTITION
+    profile["set-resources"]["train_block"]["slurm_partition"] = PARTITION
+    profile["set-threads"] = {rule: min(2, threads) for rule, threads in profile["set-threads"].items()}
+    profile["latency-wait"] = 10
+    profile.update(
+        {
+            "slurm-status-command": "squeue",
+            "slurm-no-account": True,
+            "slurm-init-seconds-before-status-checks": 2,
+            "slurm-keep-successful-logs": True,
+        }
+    )
+    folder = tmp_path / "slurm-profile"
+    folder.mkdir()
+    (folder / "config.yaml").write_text(yaml.safe_dump(profile))
+    return folder
+
+
+def slurm_jobs() -> dict[str, dict[str, str]]:
+    """Every job SLURM still knows (MinJobAge keeps finished ones for an hour), by job id."""
+    shown = subprocess.run(["scontrol", "-o", "show", "job"], capture_output=True, text=True, check=False).stdout
+    jobs = {}
+    for line in shown.splitlines():
+        fields = dict(re.findall(r"(\w+)=(\S*)", line))
+        if "JobId" in fields:
+            jobs[fields["JobId"]] = fields
+    return jobs
+
+
+def run_with_profile(workdir: Path, profile: Path, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    command = [c for c in snakemake_command(workdir) if c not in ("--cores", "2")]
+    return subprocess.run(
+        [*command, "--workflow-profile", str(profile)],
+        cwd=workdir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_the_workflow_runs_through_sbatch_with_the_requests_of_the_profile(slurm, workdir, server, archives, tmp_path):
+    # gpus: 2 asks SLURM for 2 (fake) GPUs and trains with Lightning DDP, here 2 CPU processes (gloo)
+    write_config(workdir, tiny_config(workdir, server.url, archives, epochs=1, gpus=2))
+    before = set(slurm_jobs())
+    result = run_with_profile(workdir, slurm_test_profile(tmp_path))
+    assert result.returncode == 0, result.stdout[-5000:]
+    assert (workdir / "results" / "plots" / "summary.txt").is_file()
+
+    jobs = {i: j for i, j in slurm_jobs().items() if i not in before}
+    by_rule = {}
+    for job_id, job in jobs.items():
+        rule = re.match(r"rule_([a-z_]+?)(_wildcards|$)", job["Comment"]).group(1)
+        by_rule.setdefault(rule, []).append((job_id, job))
+    assert sorted((r, len(j)) for r, j in by_rule.items()) == [
+        ("download_archive", 3),
+        ("extract_archive", 3),
+        ("plot_metrics", 1),
+        ("train_block", 1),
+        ("verify_counts", 1),
+    ]
+    ((train_id, train),) = by_rule["train_block"]
+    assert train["JobState"] == "COMPLETED" and train["Partition"] == PARTITION
+    assert re.search(r"gres[/:]gpu:2", train["TresPerJob"])  # train.gpus: 2
+    assert train["NumCPUs"] == "2"  # the profile's threads, capped at 2 for this node
+    assert train["MinMemoryNode"] == "2000M"  # resources.train_mem_mb (the tiny set adds no RAM-disk MB)
+    assert train["TimeLimit"] == "00:45:00"  # 30 min + 15 min per epoch of the block
+    for rule in ("download_archive", "extract_archive", "verify_counts", "plot_metrics"):
+        assert all("gpu" not in job.get("TresPerJob", "") for _, job in by_rule[rule])
+    # staging and training ran in the same SLURM job, on the same node
+    stage = json.loads((workdir / "results" / "train" / "block_01" / "stage.json").read_text())
+    run = json.loads((workdir / "results" / "train" / "block_01" / "run.json").read_text())
+    assert stage["slurm_job_id"] == run["slurm_job_id"] == train_id
+    assert stage["host"] == run["host"] == train["NodeList"]
+    # both DDP ranks ran inside that one job, started by Lightning (not by srun)
+    log = (workdir / "results" / "logs" / "train" / "block_01.log").read_text()
+    assert "GLOBAL_RANK: 0, MEMBER: 1/2" in log and "GLOBAL_RANK: 1, MEMBER: 2/2" in log
+    assert run["recipe"]["gpus"] == 2 and run["recipe"]["lr"] == pytest.approx(2e-4)  # lr_scaling: linear
+
+
+def test_a_training_job_cancelled_mid_block_is_resubmitted_and_resumes(slurm, workdir, server, archives, tmp_path):
+    write_config(workdir, tiny_config(workdir, server.url, archives, epochs=2, epochs_per_block=2))
+    before = set(slurm_jobs())
+    command = [c for c in snakemake_command(workdir) if c not in ("--cores", "2")]
+    with open(workdir / "snakemake.out", "w") as output:
+        snakemake = subprocess.Popen(
+            [*command, "--workflow-profile", str(slurm_test_profile(tmp_path))],
+            cwd=workdir,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        wait_for_file(snakemake, "*/last.ckpt", workdir / "results" / "train" / "state")  # epoch 1 is saved
+        running = [
+            i
+            for i, j in slurm_jobs().items()
+            if i not in before and "train_block" in j["Comment"] and j["JobState"] == "RUNNING"
+        ]
+        assert len(running) == 1
+        subprocess.run(["scancel", running[0]], check=True)
+        assert snakemake.wait(timeout=900) == 0, (workdir / "snakemake.out").read_text()[-5000:]
+    trains = sorted(
+        (int(i), j["JobState"]) for i, j in slurm_jobs().items() if i not in before and "train_block" in j["Comment"]
+    )
+    assert [state for _, state in trains] == ["CANCELLED", "COMPLETED"]
+    log = (workdir / "results" / "logs" / "train" / "block_01.log").read_text()
+    assert "resuming the interrupted block" in log and "at epoch 2" in log
+    run = json.loads((workdir / "results" / "train" / "block_01" / "run.json").read_text())
+    assert run["slurm_job_id"] == str(trains[-1][0]) and run["resumed_from"].endswith("last.ckpt")
