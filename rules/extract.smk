@@ -9,7 +9,7 @@ rule extract_archive:
         BENCHMARKS / "extract" / "{folder}.tsv"
     conda:
         "../envs/pipeline.yaml"
-    threads: workflow.cores
+    threads: 16  # capped at --cores on one machine; set-threads in a cluster profile
     resources:
         mem_mb=config["resources"]["extract_mem_mb"],
     params:

@@ -15,7 +15,7 @@ rule train_block:
         BENCHMARKS / "train" / "{block}.tsv"
     conda:
         "../envs/pipeline.yaml"
-    threads: workflow.cores
+    threads: 16  # capped at --cores on one machine; set-threads in a cluster profile
     resources:
         gpu=config["train"]["gpus"],
         mem_mb=train_mem_mb,
