@@ -168,3 +168,25 @@ def test_a_killed_training_job_resumes_from_its_last_epoch(workdir, server, arch
     assert [r["epoch"] for r in records] == [0, 1]  # epoch 0 was not trained again
     epochs = json.loads((workdir / "results" / "train" / "block_01" / "epochs.json").read_text())
     assert [r["epoch"] for r in epochs] == [0, 1]
+
+
+def test_the_plots_are_registered_for_the_snakemake_report(two_block_run):
+    workdir, _, _ = two_block_run
+    result = run_snakemake(workdir, "--report", "report.html")
+    assert result.returncode == 0, result.stdout[-3000:]
+    html = (workdir / "report.html").read_text()
+    assert "loss.png" in html and "map.png" in html and "summary.txt" in html
+
+
+def test_a_block_never_resumes_a_checkpoint_made_under_another_recipe(workdir, server, archives):
+    config = tiny_config(workdir, server.url, archives, epochs=2, epochs_per_block=1)
+    write_config(workdir, config)
+    first = run_snakemake(workdir, "results/train/block_01/checkpoint.ckpt")
+    assert first.returncode == 0, first.stdout[-3000:]
+    # the GPU profile is resolved when a job runs: here the next block finds another batch size
+    next(p for p in config["gpu_profiles"] if p["name"] == "cpu")["batch_size"] = 4
+    write_config(workdir, config)
+    refused = run_snakemake(workdir)
+    assert refused.returncode != 0
+    assert "was trained under another recipe (batch_size: 2 -> 4)" in refused.stdout and "--forcerun" in refused.stdout
+    assert not (workdir / "results" / "train" / "block_02" / "checkpoint.ckpt").exists()

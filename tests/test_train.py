@@ -1,0 +1,77 @@
+"""The training script's pure parts: recipe identity, where a block resumes, metrics across resumes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from scripts.blocks import block_ranges
+from scripts.common import StageError
+from scripts.train import plan_resume, recipe_diff, recipe_id, recipe_of, truncate_metrics
+from tests.workflow import base_config
+
+TRAIN = base_config()["train"]
+PROFILE = {"batch_size": 128, "precision": "bf16"}
+
+
+def test_blocks_cover_every_epoch_once_and_the_last_may_be_shorter():
+    assert block_ranges(40, 10) == [(0, 10), (10, 20), (20, 30), (30, 40)]
+    assert block_ranges(5, 2) == [(0, 2), (2, 4), (4, 5)]
+    assert block_ranges(3, 10) == [(0, 3)]
+
+
+def test_every_recipe_setting_changes_the_recipe_id_and_runtime_settings_do_not():
+    base = recipe_id(recipe_of(TRAIN, PROFILE, "1.11.2"))
+    for key, value in [("lr", 2e-4), ("epochs", 41), ("resolution", 416), ("seed", 1), ("warmup_epochs", 2)]:
+        assert recipe_id(recipe_of({**TRAIN, key: value}, PROFILE, "1.11.2")) != base, key
+    assert recipe_id(recipe_of(TRAIN, {**PROFILE, "batch_size": 64}, "1.11.2")) != base
+    assert recipe_id(recipe_of(TRAIN, {**PROFILE, "compile": False}, "1.11.2")) == base
+    assert recipe_id(recipe_of({**TRAIN, "max_workers": 4, "profile": "h100"}, PROFILE, "1.11.2")) == base
+    assert recipe_diff({"lr": 1, "batch_size": 2}, {"lr": 1, "batch_size": 4}) == "batch_size: 2 -> 4"
+
+
+def test_the_learning_rate_follows_the_gpu_count_when_scaling_is_linear():
+    assert recipe_of({**TRAIN, "gpus": 4}, PROFILE, "1.11.2")["lr"] == pytest.approx(4e-4)
+    assert recipe_of({**TRAIN, "gpus": 4, "lr_scaling": "none"}, PROFILE, "1.11.2")["lr"] == pytest.approx(1e-4)
+
+
+LAST, PREVIOUS = Path("state/last.ckpt"), Path("block_01/checkpoint.ckpt")
+
+
+@pytest.mark.parametrize(
+    ("state_epoch", "previous", "start", "end", "checkpoint", "next_epoch"),
+    [
+        (None, None, 0, 10, None, 0),  # first block, nothing yet
+        (3, None, 0, 10, LAST, 4),  # first block interrupted after epoch 4 (0-based 3)
+        (9, PREVIOUS, 10, 20, PREVIOUS, 10),  # second block starts where the first ended
+        (14, PREVIOUS, 10, 20, LAST, 15),  # second block interrupted
+        (19, PREVIOUS, 10, 20, LAST, 20),  # trained, but its outputs were not written: nothing to train
+        (
+            29,
+            PREVIOUS,
+            10,
+            20,
+            PREVIOUS,
+            10,
+        ),  # the state is further on (a later block ran): redo from the block's input
+        (29, None, 0, 10, None, 0),
+    ],
+)
+def test_a_block_resumes_from_the_newest_checkpoint_inside_it(
+    state_epoch, previous, start, end, checkpoint, next_epoch
+):
+    plan = plan_resume(LAST, state_epoch, previous, start, end)
+    assert (plan.checkpoint, plan.next_epoch) == (checkpoint, next_epoch)
+
+
+def test_a_later_block_without_its_predecessor_is_an_error():
+    with pytest.raises(StageError):
+        plan_resume(LAST, None, None, 10, 20)
+
+
+def test_metrics_rows_of_epochs_to_be_trained_again_are_dropped(tmp_path):
+    metrics = tmp_path / "metrics.csv"
+    metrics.write_text("epoch,step,train/loss\n0,4,3.0\n1,9,2.0\n2,14,1.0\n")
+    truncate_metrics(metrics, next_epoch=2)
+    assert metrics.read_text().splitlines() == ["epoch,step,train/loss", "0,4,3.0", "1,9,2.0"]
