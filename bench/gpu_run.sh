@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU measurements of BENCHMARKS.md, on a machine without network (the project's device machine).
-# usage: bench/gpu_run.sh stock|pipeline|ddp      (OUT: folder for results; default /tmp/bench-out)
+# usage: bench/gpu_run.sh stock|pipeline|ddp|recompiles      (OUT: folder for results; default /tmp/bench-out)
 # Needs the wheelhouse in .whl (../shared/gpu/wheelhouse.sh -d .whl) and ../shared/gpu/synth_coco.py.
 set -euo pipefail
 phase=$1
@@ -20,6 +20,17 @@ fi
 case $phase in
   stock)    CUDA_VISIBLE_DEVICES=0 python3 -m bench.compare --dataset "$DATA" --out /tmp/bench --only stock --stock-epochs 2 ;;
   pipeline) CUDA_VISIBLE_DEVICES=0 python3 -m bench.compare --dataset "$DATA" --out /tmp/bench --only pipeline --pipeline-epochs 4 --epochs-per-block 2 ;;
+  recompiles)  # stock and pipeline side by side, one GPU each, one epoch, cold caches, recompiles logged
+            export TORCH_LOGS=recompiles
+            CUDA_VISIBLE_DEVICES=0 python3 -m bench.compare --dataset "$DATA" --out /tmp/bench-rs --only stock \
+              --stock-epochs 1 > "$OUT/recompiles-stock.txt" 2>&1 &
+            CUDA_VISIBLE_DEVICES=1 python3 -m bench.compare --dataset "$DATA" --out /tmp/bench-rp --only pipeline \
+              --pipeline-epochs 1 --epochs-per-block 1 > "$OUT/recompiles-pipeline.txt" 2>&1
+            wait
+            for f in /tmp/bench-rs/stock/stock.log /tmp/bench-rp/pipeline/results/logs/train/block_01.log; do
+              echo "$f: $(grep -c 'Recompiling function' "$f") recompiles"; grep -A3 'Recompiling function' "$f" | grep -E 'triggered by|guard' | sort | uniq -c | sort -rn | head -12
+            done > "$OUT/recompiles.txt"
+            cat "$OUT/recompiles.txt"; exit 0 ;;
   ddp)      for g in 1 2; do
               python3 -m bench.compare --dataset "$DATA" --out /tmp/bench --only pipeline --name "eager_${g}gpu" \
                 --profile eager --gpus "$g" --pipeline-epochs 2 --epochs-per-block 2

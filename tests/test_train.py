@@ -8,7 +8,7 @@ import pytest
 
 from scripts.blocks import block_ranges
 from scripts.common import StageError
-from scripts.train import plan_resume, recipe_diff, recipe_id, recipe_of, truncate_metrics
+from scripts.train import eval_batch_size, plan_resume, recipe_diff, recipe_id, recipe_of, truncate_metrics
 from tests.workflow import base_config
 
 TRAIN = base_config()["train"]
@@ -75,3 +75,11 @@ def test_metrics_rows_of_epochs_to_be_trained_again_are_dropped(tmp_path):
     metrics.write_text("epoch,step,train/loss\n0,4,3.0\n1,9,2.0\n2,14,1.0\n")
     truncate_metrics(metrics, next_epoch=2)
     assert metrics.read_text().splitlines() == ["epoch,step,train/loss", "0,4,3.0", "1,9,2.0"]
+
+
+def test_the_validation_batch_divides_the_validation_set_so_its_shape_never_changes():
+    assert eval_batch_size(5000, 128) == 125  # COCO val2017: 40 batches of 125, no last batch of 8
+    assert eval_batch_size(5000, 128, ranks=2) == 125  # 2,500 per GPU
+    assert eval_batch_size(500, 128) == 125
+    assert eval_batch_size(4, 2) == 2
+    assert eval_batch_size(4999, 128) == 128  # no divisor near the batch: one extra compile, not tiny batches
