@@ -85,10 +85,10 @@ class ArchiveServer:
         if status is None and not path.is_file():
             status = 404
         if status is not None:
+            self._record(method, name, range_header, status, 0)  # before answering: the client may retry at once
             handler.send_response(status)
             handler.send_header("Content-Length", "0")
             handler.end_headers()
-            self._record(method, name, range_header, status, 0)
             return
         data = path.read_bytes()
         start = 0
@@ -96,11 +96,11 @@ class ArchiveServer:
         if match and not self.faults.ignore_range and fault != "ignore_range":
             start = int(match.group(1))
             if start >= len(data):
+                self._record(method, name, range_header, 416, 0)
                 handler.send_response(416)
                 handler.send_header("Content-Range", f"bytes */{len(data)}")
                 handler.send_header("Content-Length", "0")
                 handler.end_headers()
-                self._record(method, name, range_header, 416, 0)
                 return
             handler.send_response(206)
             handler.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
@@ -109,14 +109,15 @@ class ArchiveServer:
         body = data[start:]
         handler.send_header("Content-Length", str(len(body)))
         handler.send_header("Accept-Ranges", "bytes")
-        handler.end_headers()
         status_sent = 206 if start else 200
+        # Every request is recorded before its answer is complete: a client may look at the log at once.
         if head:
             self._record(method, name, range_header, status_sent, 0)
+            handler.end_headers()
             return
+        handler.end_headers()
         if fault == "corrupt":
             body = bytes(b ^ 0xFF for b in body[:64]) + body[64:]
-        # Recorded before the body goes out: a client that has its bytes may look at the log at once.
         if fault == "slow":  # about 4 s for a 10 kB archive: time enough to kill whatever is fetching it
             self._record(method, name, range_header, status_sent, len(body))
             for start in range(0, len(body), 256):
