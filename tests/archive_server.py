@@ -27,6 +27,7 @@ class Faults:
     once: dict[str, list[str]] = field(default_factory=dict)
     status: dict[str, int] = field(default_factory=dict)  # name -> HTTP status for every request
     ignore_range: bool = False
+    slow_seconds: float = 4.0  # how long a "slow" transfer takes
 
 
 class ArchiveServer:
@@ -118,12 +119,13 @@ class ArchiveServer:
         handler.end_headers()
         if fault == "corrupt":
             body = bytes(b ^ 0xFF for b in body[:64]) + body[64:]
-        if fault == "slow":  # about 4 s for a 10 kB archive: time enough to kill whatever is fetching it
+        if fault == "slow":  # time enough to kill whatever is fetching it
             self._record(method, name, range_header, status_sent, len(body))
-            for start in range(0, len(body), 256):
+            pieces = range(0, len(body), 256)
+            for start in pieces:
                 handler.wfile.write(body[start : start + 256])
                 handler.wfile.flush()
-                time.sleep(0.1)
+                time.sleep(self.faults.slow_seconds / len(pieces))
             return
         if fault == "drop":
             half = body[: len(body) // 2]
