@@ -206,47 +206,47 @@ def test_image_counts_off_by_one_stop_the_run_and_a_fixed_config_reruns_only_the
 # -------------------------------------------------------------------------------------------- processes ----
 
 
-def rerun_after_a_kill(workdir: Path) -> str:
+def rerun_after_a_kill(workdir: Path, *targets: str) -> str:
     """What the README says to do after a killed snakemake: unlock, then the same command again."""
-    locked = run_snakemake(workdir)
+    locked = run_snakemake(workdir, *targets)
     assert locked.returncode != 0 and "--unlock" in locked.stdout  # the stale lock is named, with its fix
     assert run_snakemake(workdir, "--unlock").returncode == 0
-    result = run_snakemake(workdir)
+    result = run_snakemake(workdir, *targets)
     assert result.returncode == 0, result.stdout[-3000:]
     return result.stdout
 
 
 @pytest.mark.parametrize(
-    "marker",
+    ("marker", "targets"),
     [
-        "scripts.download --archive train2017",
-        "scripts.extract",
-        "scripts.verify_counts",
-        "scripts.stage",
-        "scripts.train",
+        # a kill in a data stage is followed by a run up to the verified dataset: training is the same either way
+        ("scripts.download --archive train2017", [VERIFIED]),
+        ("scripts.extract", [VERIFIED]),
+        ("scripts.verify_counts", [VERIFIED]),
+        ("scripts.stage", []),
+        ("scripts.train", []),
     ],
     ids=["download", "extract", "verify", "stage", "train"],
 )
-def test_sigkill_of_snakemake_during_each_stage_is_survived(workdir, server, archives, marker):
+def test_sigkill_of_snakemake_during_each_stage_is_survived(workdir, server, archives, marker, targets):
     server.faults.once["train2017.zip"] = ["slow"]  # so the kill lands while the archive is still arriving
     write_config(workdir, tiny_config(workdir, server.url, archives, epochs=1))
-    snakemake = start_snakemake(workdir)
+    snakemake = start_snakemake(workdir, *targets)
     wait_for_job(snakemake, marker)
     if marker.startswith("scripts.download"):  # let some bytes arrive first
         part = wait_for_file(snakemake, "train2017.zip.part", workdir / "data" / "archives")
         while part.stat().st_size < 1024 and snakemake.poll() is None:
             time.sleep(0.05)
     kill_group(snakemake)
-    output = rerun_after_a_kill(workdir)
-    assert (workdir / "results" / "plots" / "summary.txt").is_file()
-    for archive in ("annotations_trainval2017", "val2017", "train2017"):
-        assert gets(server, archive) <= 2  # finished archives are never fetched again
+    output = rerun_after_a_kill(workdir, *targets)
+    assert (workdir / (targets[0] if targets else "results/plots/summary.txt")).is_file()
     if marker.startswith("scripts.download"):
         assert gets(server, "train2017") == 2 and gets(server, "val2017") == 1
         assert (server.gets("train2017.zip")[1].range or "").startswith("bytes=")  # the .part file was resumed
-    else:
+    else:  # finished archives are never fetched again
         assert all(gets(server, a) == 1 for a in ("annotations_trainval2017", "val2017", "train2017"))
-    assert "train_block" in jobs_run(output)
+    if not targets:
+        assert "train_block" in jobs_run(output)
 
 
 def test_sigterm_of_a_training_job_loses_at_most_one_epoch(workdir, server, archives):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.workflow import REPO, snakemake_command, tiny_config, wait_for_file, write_config
+from tests.workflow import REPO, run_snakemake, snakemake_command, tiny_config, wait_for_file, write_config
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 PARTITION = "debug"  # the test cluster's only partition
@@ -118,6 +118,8 @@ def test_the_workflow_runs_through_sbatch_with_the_requests_of_the_profile(slurm
 
 def test_a_training_job_cancelled_mid_block_is_resubmitted_and_resumes(slurm, workdir, server, archives, tmp_path):
     write_config(workdir, tiny_config(workdir, server.url, archives, epochs=2, epochs_per_block=2))
+    # the data stages on this machine first (the test above sends them through SLURM): only training goes there
+    assert run_snakemake(workdir, "results/verify/dataset.json").returncode == 0
     before = set(slurm_jobs())
     command = [c for c in snakemake_command(workdir) if c not in ("--cores", "2")]
     with open(workdir / "snakemake.out", "w") as output:
