@@ -25,6 +25,7 @@ import yaml
 
 from scripts.blocks import block_name, block_ranges
 from scripts.common import read_json
+from scripts.verify_counts import count_images
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -61,10 +62,6 @@ def run_stock(dataset: Path, out: Path, epochs: int, batch: int) -> dict[str, An
     wall = run_logged(command + ["--epochs", str(epochs), "--batch", str(batch)], out / "stock.log", env)
     records = [json.loads(line) for line in (out / "epochs.jsonl").read_text().splitlines()]
     return {"wall_seconds": wall, **summarize(records), "records": records}
-
-
-def count_images(folder: Path) -> int:
-    return sum(1 for p in folder.iterdir() if p.suffix == ".jpg")
 
 
 def run_pipeline(

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import csv
 import functools
-import hashlib
 import http.server
 import json
 import os
@@ -28,7 +27,9 @@ from typing import Any
 
 import yaml
 
+from scripts.download import md5_of_file
 from scripts.stage import manifest_of, stage_dataset
+from scripts.verify_counts import count_images
 
 REPO = Path(__file__).resolve().parents[1]
 FOLDERS = {"annotations_trainval2017": "annotations", "val2017": "val2017", "train2017": "train2017"}
@@ -38,14 +39,6 @@ def zip_stored(root: Path, folder: str, archive: Path) -> None:
     with zipfile.ZipFile(archive, "w", zipfile.ZIP_STORED) as zf:
         for path in sorted((root / folder).rglob("*")):
             zf.write(path, path.relative_to(root).as_posix())
-
-
-def md5(path: Path) -> str:
-    digest = hashlib.md5()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def benchmark_seconds(tsv: Path) -> float:
@@ -69,7 +62,7 @@ def main() -> None:
             zip_stored(args.dataset, folder, archive)
         extracted = manifest_of(args.dataset / folder)[0].bytes
         archives[name] = {
-            "md5": md5(archive),
+            "md5": md5_of_file(archive).hexdigest(),
             "folder": folder,
             "size_bytes": archive.stat().st_size,
             "extracted_bytes": extracted,
@@ -85,9 +78,7 @@ def main() -> None:
     for name, info in archives.items():
         info["url"] = f"http://127.0.0.1:{server.server_address[1]}/{name}.zip"
     config["archives"] = archives
-    config["verify"]["expected_images"] = {
-        s: sum(1 for p in (args.dataset / s).iterdir() if p.suffix == ".jpg") for s in ("train2017", "val2017")
-    }
+    config["verify"]["expected_images"] = {s: count_images(args.dataset / s) for s in ("train2017", "val2017")}
     (workdir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir)]
     command += ["--configfile", str(workdir / "config.yaml"), "--cores", args.cores, "results/verify/dataset.json"]

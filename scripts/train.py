@@ -33,6 +33,7 @@ from filelock import FileLock, Timeout
 from scripts.common import StageError, log, pipeline_config, read_json, run_main, where_this_runs, write_json
 from scripts.gpu_profiles import Device, detect_device, resolve_profile, settle_profile
 from scripts.stage import remove_staged
+from scripts.verify_counts import count_images
 
 SUPPORTED_RFDETR = "1.11.2"
 INIT_NOTE = (
@@ -280,10 +281,6 @@ def eval_batch_size(val_images: int, batch_size: int, ranks: int = 1) -> int:
     share = -(-val_images // ranks)
     best = max(d for d in range(1, min(batch_size, share) + 1) if share % d == 0)
     return best if best >= max(1, batch_size // 4) else batch_size
-
-
-def count_images(folder: Path) -> int:
-    return sum(1 for entry in os.scandir(folder) if entry.name.endswith(".jpg"))
 
 
 def train_kwargs(recipe: Mapping[str, Any], dataset: str, state_dir: Path, workers: int, device: Device) -> dict:
