@@ -65,7 +65,14 @@ def run_stock(dataset: Path, out: Path, epochs: int, batch: int) -> dict[str, An
 
 
 def run_pipeline(
-    dataset: Path, out: Path, epochs: int, per_block: int, gpus: int, profile: str, overrides: dict[str, Any]
+    dataset: Path,
+    out: Path,
+    epochs: int,
+    per_block: int,
+    gpus: int,
+    profile: str,
+    overrides: dict[str, Any],
+    bench_profile: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     (out / "data").mkdir(exist_ok=True)
@@ -75,18 +82,9 @@ def run_pipeline(
     config = yaml.safe_load((REPO / "config.yaml").read_text())
     config["verify"]["expected_images"] = {s: count_images(dataset / s) for s in ("train2017", "val2017")}
     config["train"].update(epochs=epochs, epochs_per_block=per_block, gpus=gpus, profile=profile, **overrides)
-    if "eager" in (profile,):  # the same settings as the GPU's own row, compile off: for scaling runs
-        config["gpu_profiles"].append(
-            {
-                "name": "eager",
-                "auto": False,
-                "batch_size": 128,
-                "precision": "bf16",
-                "compile": False,
-                "cuda_graphs": False,
-                "te_graphs": False,
-            }
-        )
+    if bench_profile:  # a benchmark-only gpu_profiles row: the GPU's own settings with some of them changed
+        config["gpu_profiles"].append({"name": "bench", "auto": False, **bench_profile})
+        config["train"]["profile"] = "bench"
     config["stage"]["subdir"] = f"bench-{out.name}"
     (out / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(out)]
@@ -123,7 +121,13 @@ def main() -> None:
     parser.add_argument("--pipeline-epochs", type=int, default=4)
     parser.add_argument("--epochs-per-block", type=int, default=2)
     parser.add_argument("--gpus", type=int, default=1)
-    parser.add_argument("--profile", default="auto", help="a gpu_profiles row, or eager: bf16 batch 128 uncompiled")
+    parser.add_argument("--profile", default="auto", help="a gpu_profiles row of config.yaml")
+    parser.add_argument(
+        "--bench-profile",
+        type=json.loads,
+        help='a profile row for this run only, as JSON: {"batch_size": 128, "precision": "bf16", "compile": true, '
+        '"cuda_graphs": true, "te_graphs": false}',
+    )
     parser.add_argument("--device", default="cuda", help="cpu: a smoke run of this script without a GPU")
     parser.add_argument("--resolution", type=int, default=384)
     parser.add_argument("--name", default="pipeline", help="subfolder of --out for the workflow run")
@@ -141,6 +145,7 @@ def main() -> None:
             args.gpus,
             args.profile,
             {"device": args.device, "resolution": args.resolution},
+            args.bench_profile,
         )
     if "stock" in summary and args.name in summary:
         summary[f"{args.name}_over_stock"] = round(

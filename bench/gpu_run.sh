@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU measurements of BENCHMARKS.md, on a machine without network (the project's device machine).
-# usage: bench/gpu_run.sh stock|pipeline|ddp|recompiles      (OUT: folder for results; default /tmp/bench-out)
+# usage: bench/gpu_run.sh stock|pipeline|ddp|recompiles|levers      (OUT: folder for results; default /tmp/bench-out)
+#        levers: VARIANT='<a gpu_profiles row as JSON>' NAME=<name> [EPOCHS=3] bench/gpu_run.sh levers  (two GPUs)
 # Needs the wheelhouse in .whl (../shared/gpu/wheelhouse.sh -d .whl) and ../shared/gpu/synth_coco.py.
 set -euo pipefail
 phase=$1
@@ -31,10 +32,30 @@ case $phase in
               echo "$f: $(grep -c 'Recompiling function' "$f") recompiles"; grep -A3 'Recompiling function' "$f" | grep -E 'triggered by|guard' | sort | uniq -c | sort -rn | head -12
             done > "$OUT/recompiles.txt"
             cat "$OUT/recompiles.txt"; exit 0 ;;
-  ddp)      for g in 1 2; do
+  ddp)      EAGER='{"batch_size": 128, "precision": "bf16", "compile": false, "cuda_graphs": false, "te_graphs": false}'
+            for g in 1 2; do
               python3 -m bench.compare --dataset "$DATA" --out /tmp/bench --only pipeline --name "eager_${g}gpu" \
-                --profile eager --gpus "$g" --pipeline-epochs 2 --epochs-per-block 2
+                --bench-profile "$EAGER" --gpus "$g" --pipeline-epochs 2 --epochs-per-block 2
             done ;;
+  levers)   # the stock recipe on GPU 0 and the workflow with the profile row VARIANT on GPU 1, at the same time,
+            # same set, seed and epochs; then speed ratios and per-step loss differences (bench.side_by_side)
+            name=${NAME:?NAME names the variant}; epochs=${EPOCHS:-3}
+            python3 -m bench.loader --dataset "$DATA" --workers 16 --batch 128 > "$OUT/loader.json" 2> "$OUT/loader.log" || true
+            nvidia-smi dmon -s u -d 2 > "$OUT/dmon-$name.txt" 2>&1 & dmon=$!
+            CUDA_VISIBLE_DEVICES=0 timeout "${LIMIT:-520}" python3 -m bench.compare --dataset "$DATA" \
+              --out "/tmp/b-$name-stock" --only stock --stock-epochs "$epochs" > "$OUT/compare-$name-stock.txt" 2>&1 & stock=$!
+            CUDA_VISIBLE_DEVICES=1 timeout "${LIMIT:-520}" python3 -m bench.compare --dataset "$DATA" --out "/tmp/b-$name" \
+              --only pipeline --name "$name" --bench-profile "$VARIANT" --pipeline-epochs "$epochs" \
+              --epochs-per-block "$epochs" > "$OUT/compare-$name.txt" 2>&1 || echo "variant failed: $?" >> "$OUT/compare-$name.txt"
+            wait $stock || echo "stock failed: $?" >> "$OUT/compare-$name-stock.txt"
+            kill $dmon || true
+            for f in /tmp/b-$name-stock/stock/stock.log /tmp/b-$name/$name/snakemake.log /tmp/b-$name/$name/results/logs/train/block_01.log; do
+              [ -f "$f" ] && tail -c 300000 "$f" > "$OUT/$name-$(basename "$(dirname "$f")")-$(basename "$f")"
+            done
+            cp /tmp/b-$name-stock/summary.json "$OUT/summary-$name-stock.json" || true
+            cp /tmp/b-$name/summary.json "$OUT/summary-$name.json" || true
+            python3 -m bench.side_by_side --out "$OUT/$name" /tmp/b-$name-stock/summary.json /tmp/b-$name/summary.json
+            exit 0 ;;
 esac
 cp /tmp/bench/summary.json "$OUT/summary-$phase.json"
 for f in /tmp/bench/*/stock.log /tmp/bench/*/results/logs/train/block_0[12].log; do

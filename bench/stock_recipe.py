@@ -22,8 +22,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=128)
     args = parser.parse_args()
     args.output.mkdir(parents=True, exist_ok=True)
+    import pytorch_lightning as pl
     from rfdetr import RFDETRNano
 
+    # The notebook leaves the model's initialisation unseeded (its train() seeds only after the model is built).
+    # Seeding it with the training seed, as the workflow does, makes loss curves comparable step by step.
+    pl.seed_everything(0, workers=True)
     use_te_graphs = False
     model = RFDETRNano(compile=not use_te_graphs, cuda_graphs=use_te_graphs or args.batch <= 16, pretrain_weights=None)
     with extra_callbacks(lightning_callbacks(args.epochs, args.output / "epochs.jsonl")):

@@ -175,11 +175,13 @@ def lightning_callbacks(stop_at: int, epoch_log: Path) -> list[Any]:
                 trainer.should_stop = True
 
     class EpochLog(pl.Callback):
-        """Per epoch: train seconds, images, images/s, validation seconds, peak memory, and the LR per step."""
+        """Per epoch: train seconds, images, images/s, validation seconds, peak memory, and the LR and loss per
+        step. Losses stay on the device until the epoch ends, so recording them adds no host sync per step."""
 
         def on_train_epoch_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
             sync()
             self.record: dict[str, Any] = {"epoch": trainer.current_epoch, "images": 0, "lr": []}
+            self.losses: list[Any] = []
             self.started = time.perf_counter()
             self.val_seconds = 0.0
             if torch.cuda.is_available():
@@ -193,6 +195,9 @@ def lightning_callbacks(stop_at: int, epoch_log: Path) -> list[Any]:
         ) -> None:
             images = batch[0]  # this rank's share: under DDP every rank takes an equal batch
             self.record["images"] += int(getattr(images, "tensors", images).shape[0]) * trainer.world_size
+            loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+            if isinstance(loss, torch.Tensor):
+                self.losses.append(loss.detach().float().reshape(()))
 
         def on_validation_epoch_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
             sync()
@@ -206,6 +211,7 @@ def lightning_callbacks(stop_at: int, epoch_log: Path) -> list[Any]:
             sync()
             total = time.perf_counter() - self.started
             train_seconds = total - self.val_seconds  # validation runs inside the epoch, before this hook
+            self.record["loss"] = torch.stack(self.losses).cpu().tolist() if self.losses else []
             self.record.update(
                 train_seconds=round(train_seconds, 3),
                 val_seconds=round(self.val_seconds, 3),

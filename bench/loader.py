@@ -1,0 +1,71 @@
+"""How many training images per second rfdetr's own data loader delivers, with no model behind it.
+
+usage: python -m bench.loader --dataset DIR [--batch 128] [--workers 16] [--batches 30] [--prefetch 2]
+
+Builds the training DataLoader exactly as rfdetr 1.11.2's `train()` does for the workflow's recipe (COCO layout,
+384 px, square resize, no multi-scale) and times whole batches after a warm-up, pinned memory included. If this
+rate is far above the training rate, the loader is not what holds training back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from scripts.common import run_main
+
+
+def loader_images_per_second(
+    dataset: str, batch: int, workers: int, batches: int, prefetch: int | None = None, resolution: int = 384
+) -> dict[str, float]:
+    """Images/s of rfdetr's training DataLoader over `batches` batches, after two warm-up batches."""
+    from rfdetr.config import RFDETRNanoConfig, TrainConfig
+    from rfdetr.training.module_data import RFDETRDataModule
+
+    model_config = RFDETRNanoConfig(pretrain_weights=None, resolution=resolution)
+    train_config = TrainConfig(
+        dataset_file="coco",
+        dataset_dir=dataset,
+        output_dir="/tmp/bench-loader",
+        batch_size=batch,
+        num_workers=workers,
+        prefetch_factor=prefetch,
+        multi_scale=False,
+        square_resize_div_64=True,
+        tensorboard=False,
+    )
+    data = RFDETRDataModule(model_config, train_config)
+    data.setup("fit")
+    batches_seen, images, started = 0, 0, 0.0
+    for samples, _targets in data.train_dataloader():
+        batches_seen += 1
+        if batches_seen == 2:  # workers started and the prefetch queue filled once
+            started = time.perf_counter()
+        elif batches_seen > 2:
+            images += samples.tensors.shape[0]
+        if batches_seen == batches + 2:
+            break
+    seconds = time.perf_counter() - started
+    return {
+        "workers": workers,
+        "batch": batch,
+        "images": images,
+        "seconds": round(seconds, 2),
+        "images_per_second": round(images / seconds, 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dataset", required=True)
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--workers", type=int, default=16)
+    parser.add_argument("--batches", type=int, default=30)
+    parser.add_argument("--prefetch", type=int)
+    args = parser.parse_args()
+    print(json.dumps(loader_images_per_second(args.dataset, args.batch, args.workers, args.batches, args.prefetch)))
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -1,0 +1,136 @@
+"""Put runs of `bench.compare` side by side: speed ratios against the stock recipe and per-step loss differences.
+
+usage: python -m bench.side_by_side --out DIR SUMMARY.json [SUMMARY.json ...]
+
+Every run of every summary is listed as <summary's folder>/<run>. The first stock run is the reference: for each
+other run the table gives steady images/s and its ratio to the reference, and the training loss at every step
+both ran (same seed, same data order) as mean and largest absolute difference. A second stock run gives the
+run-to-run noise to read those differences against. Writes <out>/side_by_side.json and <out>/loss_curves.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from scripts.common import read_json, run_main
+
+
+def step_losses(run: dict[str, Any]) -> list[float]:
+    return [loss for record in run.get("records", []) for loss in record.get("loss", [])]
+
+
+def images_per_step(run: dict[str, Any]) -> int:
+    record = run["records"][0]
+    return round(record["images"] / max(len(record.get("loss", [])), 1))
+
+
+def on_the_same_images(reference: list[float], ratio: int) -> list[float]:
+    """A run with `ratio` times the batch sees in one step what the reference sees in `ratio` steps: average
+    the reference's losses over those steps, so the curves are compared image for image."""
+    return [sum(reference[i : i + ratio]) / ratio for i in range(0, len(reference) - ratio + 1, ratio)]
+
+
+def loss_difference(reference: list[float], other: list[float]) -> dict[str, Any]:
+    """Absolute per-step differences over the steps both runs made."""
+    steps = min(len(reference), len(other))
+    if steps == 0:
+        return {"steps": 0}
+    diffs = [abs(a - b) for a, b in zip(reference[:steps], other[:steps], strict=True)]
+    mean_loss = sum(reference[:steps]) / steps
+    return {
+        "steps": steps,
+        "mean_abs_difference": round(sum(diffs) / steps, 4),
+        "max_abs_difference": round(max(diffs), 4),
+        "mean_abs_difference_relative": round(sum(diffs) / steps / mean_loss, 4),
+        "last_20_steps_mean": [round(sum(r[steps - 20 : steps]) / 20, 4) for r in (reference, other)]
+        if steps >= 20
+        else None,
+    }
+
+
+def side_by_side(summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    runs = {
+        f"{folder}/{name}": run
+        for folder, summary in summaries.items()
+        for name, run in summary.items()
+        if isinstance(run, dict) and "steady_images_per_second" in run
+    }
+    stock = [name for name in runs if name.endswith("/stock")]
+    if not stock:
+        raise SystemExit("No stock run in these summaries: run bench.compare --only stock first.")
+    reference = runs[stock[0]]
+    table = {}
+    for name, run in runs.items():
+        table[name] = {
+            key: run.get(key)
+            for key in (
+                "steady_images_per_second",
+                "epoch0_overhead_seconds",
+                "first_validation_seconds",
+                "peak_memory_gb",
+                "profile",
+            )
+        }
+        table[name]["ratio_to_reference"] = round(
+            run["steady_images_per_second"] / reference["steady_images_per_second"], 3
+        )
+        if name != stock[0]:
+            ratio = images_per_step(run) // images_per_step(reference)
+            reference_losses = (
+                on_the_same_images(step_losses(reference), ratio) if ratio > 1 else step_losses(reference)
+            )
+            table[name]["loss_vs_reference"] = {
+                "reference_steps_averaged": max(ratio, 1),
+                **loss_difference(reference_losses, step_losses(run)),
+            }
+    return {"reference": stock[0], "runs": table}
+
+
+def plot(summaries: dict[str, dict[str, Any]], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (curves, differences) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
+    reference: list[float] | None = None
+    for folder, summary in summaries.items():
+        for name, run in summary.items():
+            losses = step_losses(run) if isinstance(run, dict) else []
+            if not losses:
+                continue
+            curves.plot(losses, label=f"{folder}/{name}", linewidth=0.8)
+            if reference is None:
+                reference = losses
+            else:
+                steps = min(len(reference), len(losses))
+                differences.plot(
+                    [b - a for a, b in zip(reference[:steps], losses[:steps], strict=True)], label=f"{folder}/{name}"
+                )
+    curves.set_ylabel("training loss")
+    curves.legend(fontsize=7)
+    differences.set_ylabel("difference to the first run")
+    differences.set_xlabel("step")
+    differences.axhline(0, color="black", linewidth=0.5)
+    figure.tight_layout()
+    figure.savefig(out / "loss_curves.png", dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("summaries", nargs="+", type=Path)
+    args = parser.parse_args()
+    summaries = {path.parent.name: read_json(path) for path in args.summaries}
+    result = side_by_side(summaries)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "side_by_side.json").write_text(json.dumps(result, indent=2))
+    plot(summaries, args.out)
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    run_main(main)
