@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU measurements of BENCHMARKS.md, on a machine without network (the project's device machine).
 # usage: bench/gpu_run.sh stock|pipeline|ddp|recompiles|levers      (OUT: folder for results; default /tmp/bench-out)
-#        levers: VARIANT='<a gpu_profiles row as JSON>' NAME=<name> [EPOCHS=3] bench/gpu_run.sh levers  (two GPUs)
+#        levers: VARIANT='<a gpu_profiles row as JSON>' NAME=<name> [EPOCHS=3] [LOADER_WORKERS='16 32'] bench/gpu_run.sh levers
+#        (two GPUs)
 # Needs the wheelhouse in .whl (../shared/gpu/wheelhouse.sh -d .whl) and ../shared/gpu/synth_coco.py.
 set -euo pipefail
 phase=$1
@@ -40,7 +41,9 @@ case $phase in
   levers)   # the stock recipe on GPU 0 and the workflow with the profile row VARIANT on GPU 1, at the same time,
             # same set, seed and epochs; then speed ratios and per-step loss differences (bench.side_by_side)
             name=${NAME:?NAME names the variant}; epochs=${EPOCHS:-3}
-            python3 -m bench.loader --dataset "$DATA" --workers 16 --batch 128 > "$OUT/loader.json" 2> "$OUT/loader.log" || true
+            for workers in ${LOADER_WORKERS:-16}; do  # the data loader alone, before any training starts
+              python3 -m bench.loader --dataset "$DATA" --workers "$workers" --batch "${LOADER_BATCH:-128}" >> "$OUT/loader.json" 2> "$OUT/loader.log" || true
+            done
             nvidia-smi dmon -s u -d 2 > "$OUT/dmon-$name.txt" 2>&1 & dmon=$!
             CUDA_VISIBLE_DEVICES=0 timeout "${LIMIT:-520}" python3 -m bench.compare --dataset "$DATA" \
               --out "/tmp/b-$name-stock" --only stock --stock-epochs "$epochs" > "$OUT/compare-$name-stock.txt" 2>&1 & stock=$!
