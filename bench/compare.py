@@ -128,6 +128,7 @@ def main() -> None:
         help='a profile row for this run only, as JSON: {"batch_size": 128, "precision": "bf16", "compile": true, '
         '"cuda_graphs": true, "te_graphs": false}',
     )
+    parser.add_argument("--train", type=json.loads, default={}, help='train settings to change, as JSON: {"lr": 2e-4}')
     parser.add_argument("--device", default="cuda", help="cpu: a smoke run of this script without a GPU")
     parser.add_argument("--resolution", type=int, default=384)
     parser.add_argument("--name", default="pipeline", help="subfolder of --out for the workflow run")
@@ -144,7 +145,7 @@ def main() -> None:
             args.epochs_per_block,
             args.gpus,
             args.profile,
-            {"device": args.device, "resolution": args.resolution},
+            {"device": args.device, "resolution": args.resolution, **args.train},
             args.bench_profile,
         )
     if "stock" in summary and args.name in summary:

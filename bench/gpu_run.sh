@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU measurements of BENCHMARKS.md, on a machine without network (the project's device machine).
 # usage: bench/gpu_run.sh stock|pipeline|ddp|recompiles|levers      (OUT: folder for results; default /tmp/bench-out)
-#        levers: VARIANT='<a gpu_profiles row as JSON>' NAME=<name> [EPOCHS=3] [LOADER_WORKERS='16 32'] bench/gpu_run.sh levers
+#        levers: VARIANT='<a gpu_profiles row as JSON>' [TRAIN='<train settings as JSON>'] NAME=<name> [EPOCHS=3] [LOADER_WORKERS='16 32'] bench/gpu_run.sh levers
 #        (two GPUs)
 # Needs the wheelhouse in .whl (../shared/gpu/wheelhouse.sh -d .whl) and ../shared/gpu/synth_coco.py.
 set -euo pipefail
@@ -48,7 +48,7 @@ case $phase in
             CUDA_VISIBLE_DEVICES=0 timeout "${LIMIT:-520}" python3 -m bench.compare --dataset "$DATA" \
               --out "/tmp/b-$name-stock" --only stock --stock-epochs "$epochs" > "$OUT/compare-$name-stock.txt" 2>&1 & stock=$!
             CUDA_VISIBLE_DEVICES=1 timeout "${LIMIT:-520}" python3 -m bench.compare --dataset "$DATA" --out "/tmp/b-$name" \
-              --only pipeline --name "$name" --bench-profile "$VARIANT" --pipeline-epochs "$epochs" \
+              --only pipeline --name "$name" --bench-profile "$VARIANT" --train "${TRAIN:-{\}}" --pipeline-epochs "$epochs" \
               --epochs-per-block "$epochs" > "$OUT/compare-$name.txt" 2>&1 || echo "variant failed: $?" >> "$OUT/compare-$name.txt"
             wait $stock || echo "stock failed: $?" >> "$OUT/compare-$name-stock.txt"
             kill $dmon || true

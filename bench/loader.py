@@ -1,6 +1,6 @@
 """How many training images per second rfdetr's own data loader delivers, with no model behind it.
 
-usage: python -m bench.loader --dataset DIR [--batch 128] [--workers 16] [--batches 30] [--prefetch 2]
+usage: python -m bench.loader --dataset DIR [--batch 128] [--workers 16] [--waves 3] [--prefetch 2]
 
 Builds the training DataLoader exactly as rfdetr 1.11.2's `train()` does for the workflow's recipe (COCO layout,
 384 px, square resize, no multi-scale) and times whole batches after a warm-up, pinned memory included. If this
@@ -17,9 +17,10 @@ from scripts.common import run_main
 
 
 def loader_images_per_second(
-    dataset: str, batch: int, workers: int, batches: int, prefetch: int | None = None, resolution: int = 384
+    dataset: str, batch: int, workers: int, waves: int = 3, prefetch: int | None = None, resolution: int = 384
 ) -> dict[str, float]:
-    """Images/s of rfdetr's training DataLoader over `batches` batches, after two warm-up batches."""
+    """Images/s of rfdetr's training DataLoader once all its workers are busy (the set must hold
+    `workers * (waves + 1)` batches)."""
     from rfdetr.config import RFDETRNanoConfig, TrainConfig
     from rfdetr.training.module_data import RFDETRDataModule
 
@@ -37,14 +38,16 @@ def loader_images_per_second(
     )
     data = RFDETRDataModule(model_config, train_config)
     data.setup("fit")
+    # Every worker builds whole batches, so batches arrive in waves of `workers`: time from the end of the first
+    # wave, when every worker is busy, over whole further waves.
     batches_seen, images, started = 0, 0, 0.0
     for samples, _targets in data.train_dataloader():
         batches_seen += 1
-        if batches_seen == 2:  # workers started and the prefetch queue filled once
+        if batches_seen == workers:
             started = time.perf_counter()
-        elif batches_seen > 2:
+        elif batches_seen > workers:
             images += samples.tensors.shape[0]
-        if batches_seen == batches + 2:
+        if batches_seen == workers * (waves + 1):
             break
     seconds = time.perf_counter() - started
     return {
@@ -61,10 +64,10 @@ def main() -> None:
     parser.add_argument("--dataset", required=True)
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--workers", type=int, default=16)
-    parser.add_argument("--batches", type=int, default=30)
+    parser.add_argument("--waves", type=int, default=3, help="batches measured: workers x waves")
     parser.add_argument("--prefetch", type=int)
     args = parser.parse_args()
-    print(json.dumps(loader_images_per_second(args.dataset, args.batch, args.workers, args.batches, args.prefetch)))
+    print(json.dumps(loader_images_per_second(args.dataset, args.batch, args.workers, args.waves, args.prefetch)))
 
 
 if __name__ == "__main__":

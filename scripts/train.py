@@ -182,6 +182,8 @@ def lightning_callbacks(stop_at: int, epoch_log: Path) -> list[Any]:
             sync()
             self.record: dict[str, Any] = {"epoch": trainer.current_epoch, "images": 0, "lr": []}
             self.losses: list[Any] = []
+            self.data_wait = 0.0  # host seconds between one step's end and the next one's start: the loader
+            self.step_ended: float | None = None
             self.started = time.perf_counter()
             self.val_seconds = 0.0
             if torch.cuda.is_available():
@@ -189,6 +191,8 @@ def lightning_callbacks(stop_at: int, epoch_log: Path) -> list[Any]:
 
         def on_train_batch_start(self, trainer: pl.Trainer, module: pl.LightningModule, batch: Any, idx: int) -> None:
             self.record["lr"].append(trainer.optimizers[0].param_groups[0]["lr"])
+            if self.step_ended is not None:
+                self.data_wait += time.perf_counter() - self.step_ended
 
         def on_train_batch_end(
             self, trainer: pl.Trainer, module: pl.LightningModule, outputs: Any, batch: Any, idx: int
@@ -198,6 +202,7 @@ def lightning_callbacks(stop_at: int, epoch_log: Path) -> list[Any]:
             loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
             if isinstance(loss, torch.Tensor):
                 self.losses.append(loss.detach().float().reshape(()))
+            self.step_ended = time.perf_counter()
 
         def on_validation_epoch_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
             sync()
@@ -216,6 +221,7 @@ def lightning_callbacks(stop_at: int, epoch_log: Path) -> list[Any]:
                 train_seconds=round(train_seconds, 3),
                 val_seconds=round(self.val_seconds, 3),
                 images_per_second=round(self.record["images"] / max(train_seconds, 1e-9), 2),
+                data_wait_seconds=round(self.data_wait, 3),
                 peak_memory_gb=round(torch.cuda.max_memory_allocated() / 2**30, 2) if torch.cuda.is_available() else 0,
             )
             if trainer.is_global_zero:
