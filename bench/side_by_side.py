@@ -96,24 +96,31 @@ def plot(summaries: dict[str, dict[str, Any]], out: Path) -> None:
     import matplotlib.pyplot as plt
 
     figure, (curves, differences) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
-    reference: list[float] | None = None
+    reference: tuple[list[float], int] | None = None
     for folder, summary in summaries.items():
         for name, run in summary.items():
             losses = step_losses(run) if isinstance(run, dict) else []
             if not losses:
                 continue
-            curves.plot(losses, label=f"{folder}/{name}", linewidth=0.8)
+            batch = images_per_step(run)
+            curves.plot([batch * (i + 1) for i in range(len(losses))], losses, label=f"{folder}/{name}", linewidth=0.8)
             if reference is None:
-                reference = losses
-            else:
-                steps = min(len(reference), len(losses))
-                differences.plot(
-                    [b - a for a, b in zip(reference[:steps], losses[:steps], strict=True)], label=f"{folder}/{name}"
-                )
+                reference = (losses, batch)
+                continue
+            ratio = max(batch // reference[1], 1)
+            matched = on_the_same_images(reference[0], ratio) if ratio > 1 else reference[0]
+            steps = min(len(matched), len(losses))
+            differences.plot(
+                [batch * (i + 1) for i in range(steps)],
+                [b - a for a, b in zip(matched[:steps], losses[:steps], strict=True)],
+                label=f"{folder}/{name}",
+                linewidth=0.8,
+            )
     curves.set_ylabel("training loss")
     curves.legend(fontsize=7)
-    differences.set_ylabel("difference to the first run")
-    differences.set_xlabel("step")
+    differences.set_ylabel("difference to the first run, same images")
+    differences.set_xlabel("training images seen")
+    differences.legend(fontsize=7)
     differences.axhline(0, color="black", linewidth=0.5)
     figure.tight_layout()
     figure.savefig(out / "loss_curves.png", dpi=120)
