@@ -224,9 +224,8 @@ def rerun_after_a_kill(workdir: Path, *targets: str) -> str:
         ("scripts.extract", [VERIFIED]),
         ("scripts.verify_counts", [VERIFIED]),
         ("scripts.stage", []),
-        ("scripts.train", []),
     ],
-    ids=["download", "extract", "verify", "stage", "train"],
+    ids=["download", "extract", "verify", "stage"],
 )
 def test_sigkill_of_snakemake_during_each_stage_is_survived(workdir, server, archives, marker, targets):
     server.faults.once["train2017.zip"] = ["slow"]  # so the kill lands while the archive is still arriving
@@ -247,6 +246,24 @@ def test_sigkill_of_snakemake_during_each_stage_is_survived(workdir, server, arc
         assert all(gets(server, a) == 1 for a in ("annotations_trainval2017", "val2017", "train2017"))
     if not targets:
         assert "train_block" in jobs_run(output)
+
+
+def test_sigkill_of_snakemake_mid_training_resumes_from_the_last_epoch(workdir, server, archives):
+    # a lost node: snakemake and its training job die at once, after epoch 1 of the block was saved
+    write_config(workdir, tiny_config(workdir, server.url, archives, epochs=2, epochs_per_block=2))
+    snakemake = start_snakemake(workdir)
+    checkpoint = wait_for_file(snakemake, "*/last.ckpt", workdir / "results" / "train" / "state")
+    wait_for_job(snakemake, "scripts.train")
+    kill_group(snakemake)
+    output = rerun_after_a_kill(workdir)
+    assert jobs_run(output) == ["train_block", "plot_metrics"]  # no data stage runs again
+    assert all(gets(server, a) == 1 for a in ("annotations_trainval2017", "val2017", "train2017"))
+    log = (workdir / "results" / "logs" / "train" / "block_01.log").read_text()
+    assert "resuming the interrupted block" in log and "at epoch 2" in log
+    records = [json.loads(line) for line in (checkpoint.parent / "epochs.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records] == [0, 1]  # epoch 1 was not trained again
+    epochs = json.loads((workdir / "results" / "train" / "block_01" / "epochs.json").read_text())
+    assert [r["epoch"] for r in epochs] == [0, 1]
 
 
 def test_sigterm_of_a_training_job_loses_at_most_one_epoch(workdir, server, archives):
