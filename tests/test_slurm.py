@@ -1,4 +1,4 @@
-"""The SLURM profile against a real one-node SLURM (Debian's slurm-wlm and munge, a fake `gpu` GRES), started
+"""The SLURM profile against a real one-node SLURM (Debian's SLURM packages and munge, a fake `gpu` GRES), started
 by tests/slurm/start.sh: the jobs go through sbatch with the expected requests, staging and training share a
 job, and a training job cancelled mid-block is resubmitted and resumes."""
 

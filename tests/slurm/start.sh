@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Start a one-node SLURM cluster on this machine for the cluster tests: Debian's slurm-wlm and munge, with a
+# Start a one-node SLURM cluster on this machine for the cluster tests: Debian's slurmctld, slurmd, slurm-client and munge, with a
 # fake `gpu` GRES (2 GPUs that are not there). Needs root; installs the packages when they are missing.
 # Idempotent: a cluster that already answers is left alone. Prints why, and exits 0, when it cannot start
 # one; the SLURM tests then skip with that reason.
@@ -12,7 +12,8 @@ if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then
     echo "SLURM is not installed and this user cannot install it (needs root and apt-get)"; exit 0
   fi
   export DEBIAN_FRONTEND=noninteractive
-  apt-get install -y -q slurm-wlm munge >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q slurm-wlm munge >/dev/null; }
+  packages="slurmctld slurmd slurm-client munge"  # the daemons and sbatch/squeue, without slurm-wlm's plugin recommends
+  apt-get install -y -q --no-install-recommends $packages >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends $packages >/dev/null; }
 fi
 if [ "$(id -u)" != 0 ]; then echo "starting slurmd needs root"; exit 0; fi
 
