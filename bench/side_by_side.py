@@ -33,6 +33,16 @@ def on_the_same_images(reference: list[float], ratio: int) -> list[float]:
     return [sum(reference[i : i + ratio]) / ratio for i in range(0, len(reference) - ratio + 1, ratio)]
 
 
+def matched_losses(reference: dict[str, Any], run: dict[str, Any]) -> tuple[list[float], list[float], int]:
+    """The reference's losses on the images of each step of `run`, `run`'s losses, and how many reference steps
+    make one step of `run`; both lists cut to the steps both runs made."""
+    ratio = max(images_per_step(run) // images_per_step(reference), 1)
+    expected = on_the_same_images(step_losses(reference), ratio)
+    losses = step_losses(run)
+    steps = min(len(expected), len(losses))
+    return expected[:steps], losses[:steps], ratio
+
+
 def loss_difference(reference: list[float], other: list[float]) -> dict[str, Any]:
     """Absolute per-step differences over the steps both runs made."""
     steps = min(len(reference), len(other))
@@ -51,7 +61,8 @@ def loss_difference(reference: list[float], other: list[float]) -> dict[str, Any
     }
 
 
-def side_by_side(summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def runs_and_reference(summaries: dict[str, dict[str, Any]]) -> tuple[dict[str, dict[str, Any]], str]:
+    """Every run of every summary as <folder>/<run>, and the name of the first stock run."""
     runs = {
         f"{folder}/{name}": run
         for folder, summary in summaries.items()
@@ -61,7 +72,12 @@ def side_by_side(summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
     stock = [name for name in runs if name.endswith("/stock")]
     if not stock:
         raise SystemExit("No stock run in these summaries: run bench.compare --only stock first.")
-    reference = runs[stock[0]]
+    return runs, stock[0]
+
+
+def side_by_side(summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    runs, reference_name = runs_and_reference(summaries)
+    reference = runs[reference_name]
     table = {}
     for name, run in runs.items():
         table[name] = {
@@ -77,16 +93,10 @@ def side_by_side(summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
         table[name]["ratio_to_reference"] = round(
             run["steady_images_per_second"] / reference["steady_images_per_second"], 3
         )
-        if name != stock[0]:
-            ratio = images_per_step(run) // images_per_step(reference)
-            reference_losses = (
-                on_the_same_images(step_losses(reference), ratio) if ratio > 1 else step_losses(reference)
-            )
-            table[name]["loss_vs_reference"] = {
-                "reference_steps_averaged": max(ratio, 1),
-                **loss_difference(reference_losses, step_losses(run)),
-            }
-    return {"reference": stock[0], "runs": table}
+        if name != reference_name:
+            expected, losses, ratio = matched_losses(reference, run)
+            table[name]["loss_vs_reference"] = {"reference_steps_averaged": ratio, **loss_difference(expected, losses)}
+    return {"reference": reference_name, "runs": table}
 
 
 def plot(summaries: dict[str, dict[str, Any]], out: Path) -> None:
@@ -95,30 +105,19 @@ def plot(summaries: dict[str, dict[str, Any]], out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    runs, reference_name = runs_and_reference(summaries)
     figure, (curves, differences) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
-    reference: tuple[list[float], int] | None = None
-    for folder, summary in summaries.items():
-        for name, run in summary.items():
-            losses = step_losses(run) if isinstance(run, dict) else []
-            if not losses:
-                continue
-            batch = images_per_step(run)
-            curves.plot([batch * (i + 1) for i in range(len(losses))], losses, label=f"{folder}/{name}", linewidth=0.8)
-            if reference is None:
-                reference = (losses, batch)
-                continue
-            ratio = max(batch // reference[1], 1)
-            matched = on_the_same_images(reference[0], ratio) if ratio > 1 else reference[0]
-            steps = min(len(matched), len(losses))
-            differences.plot(
-                [batch * (i + 1) for i in range(steps)],
-                [b - a for a, b in zip(matched[:steps], losses[:steps], strict=True)],
-                label=f"{folder}/{name}",
-                linewidth=0.8,
-            )
+    for name, run in runs.items():
+        batch = images_per_step(run)
+        losses = step_losses(run)
+        curves.plot([batch * (i + 1) for i in range(len(losses))], losses, label=name, linewidth=0.8)
+        if name != reference_name:
+            expected, losses, _ = matched_losses(runs[reference_name], run)
+            images = [batch * (i + 1) for i in range(len(losses))]
+            differences.plot(images, [b - a for a, b in zip(expected, losses, strict=True)], label=name, linewidth=0.8)
     curves.set_ylabel("training loss")
     curves.legend(fontsize=7)
-    differences.set_ylabel("difference to the first run, same images")
+    differences.set_ylabel(f"difference to {reference_name}, same images")
     differences.set_xlabel("training images seen")
     differences.legend(fontsize=7)
     differences.axhline(0, color="black", linewidth=0.5)
