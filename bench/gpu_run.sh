@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU measurements of BENCHMARKS.md, on a machine without network (the project's device machine).
-# usage: bench/gpu_run.sh stock|pipeline|ddp|recompiles|levers      (OUT: folder for results; default /tmp/bench-out)
+# usage: bench/gpu_run.sh stock|pipeline|ddp|recompiles|levers|profile      (OUT: folder for results; default /tmp/bench-out)
 #        levers: VARIANT='<a gpu_profiles row as JSON>' [TRAIN='<train settings as JSON>'] NAME=<name> [EPOCHS=3] [LOADER_WORKERS='16 32'] bench/gpu_run.sh levers
 #        (two GPUs)
 # Needs the wheelhouse in .whl (../shared/gpu/wheelhouse.sh -d .whl) and ../shared/gpu/synth_coco.py.
@@ -38,10 +38,23 @@ case $phase in
               python3 -m bench.compare --dataset "$DATA" --out /tmp/bench --only pipeline --name "eager_${g}gpu" \
                 --bench-profile "$EAGER" --gpus "$g" --pipeline-epochs 2 --epochs-per-block 2
             done ;;
+  profile)  # bench.profile_steps, two variants side by side per line of PAIRS ("name|args|name|args"): GPU 0, GPU 1
+            nvidia-smi dmon -s u -d 1 > "$OUT/dmon-profile.txt" 2>&1 & dmon=$!
+            while IFS='|' read -r name0 args0 name1 args1; do
+              CUDA_VISIBLE_DEVICES=0 python3 -m bench.profile_steps --dataset "$DATA" $args0 --out "$OUT/profile-$name0.json" \
+                --trace > "/tmp/profile-$name0.log" 2>&1 & first=$!
+              CUDA_VISIBLE_DEVICES=1 python3 -m bench.profile_steps --dataset "$DATA" $args1 --out "$OUT/profile-$name1.json" \
+                --trace > "/tmp/profile-$name1.log" 2>&1 || echo "$name1 failed: $?"
+              wait $first || echo "$name0 failed: $?"
+            done <<< "${PAIRS:-stock||matches_on_device|--matches-on-device}"
+            kill $dmon || true
+            for f in /tmp/profile-*.log; do grep -v "it/s" "$f" | tail -c 50000 > "$OUT/$(basename "$f")"; done
+            exit 0 ;;
   levers)   # the stock recipe on GPU 0 and the workflow with the profile row VARIANT on GPU 1, at the same time,
             # same set, seed and epochs; then speed ratios and per-step loss differences (bench.side_by_side)
             name=${NAME:?NAME names the variant}; epochs=${EPOCHS:-3}
-            for workers in ${LOADER_WORKERS:-16}; do  # the data loader alone, before any training starts
+            for workers in ${LOADER_WORKERS:-16}; do  # the data loader alone, before any training starts (0: skip)
+              [ "$workers" = 0 ] && continue
               python3 -m bench.loader --dataset "$DATA" --workers "$workers" --batch "${LOADER_BATCH:-128}" >> "$OUT/loader.json" 2> "$OUT/loader.log" || true
             done
             nvidia-smi dmon -s u -d 2 > "$OUT/dmon-$name.txt" 2>&1 & dmon=$!

@@ -1,0 +1,225 @@
+"""Where a training step of the notebook's recipe spends its time: how busy the GPU is, and on what.
+
+usage: python -m bench.profile_steps --dataset DIR --out FILE.json [--batch 128] [--start 30] [--steps 6]
+           [--variant stock|eager|eager_graphs] [--matches-on-device] [--threads N] [--resolution N] [--trace]
+
+Runs the notebook's `train()` call (bench.stock_recipe). Steps [start - 2*steps, start) are timed with no profiler
+(the rate a user gets); steps [start, start + steps) run under torch.profiler. Then it writes, per step: wall
+seconds, GPU-busy seconds (the union of every kernel, copy and memset interval on the device), the host seconds of
+each phase of Lightning's step (forward + loss, backward, optimizer + callbacks, waiting for data), the host's time
+blocked in synchronising CUDA calls, call counts, and the kernels that take most GPU time. Then the process exits,
+before any validation.
+
+If the GPU is busy a fraction f of a step, a step made of the same kernels cannot run faster than f times the
+step's time however little the host does: 1/f is the ceiling on the speed-up from removing host overhead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+from scripts.common import run_main
+
+VARIANTS = {"stock": (None, None), "eager": (False, False), "eager_graphs": (False, True)}
+# Host-side CUDA calls that wait for the GPU (a blocking copy to the host is a cudaMemcpyAsync that waits too).
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
+LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC")
+
+
+def union_seconds(intervals: list[tuple[int, int]]) -> float:
+    """Total length, in seconds, covered by nanosecond intervals that may overlap (kernels on several streams)."""
+    covered, reach = 0, None
+    for start, end in sorted(intervals):
+        if reach is None or start > reach:
+            covered += end - start
+            reach = end
+        elif end > reach:
+            covered += end - reach
+            reach = end
+    return covered / 1e9
+
+
+def summarize_events(events: list[tuple[str, bool, int, int]], steps: int, top: int = 25) -> dict[str, Any]:
+    """Per-step GPU busy seconds, CUDA call counts and the top kernels, from (name, on_gpu, start_ns, end_ns)."""
+    gpu = [(start, end) for _, on_gpu, start, end in events if on_gpu]
+    kernel_seconds: dict[str, float] = defaultdict(float)
+    host_seconds: dict[str, float] = defaultdict(float)  # inclusive: an op's time includes the ops it calls
+    calls: Counter[str] = Counter()
+    sync_seconds = 0.0
+    for name, on_gpu, start, end in events:
+        if on_gpu:
+            kernel_seconds[name] += (end - start) / 1e9
+        else:
+            calls[name] += 1
+            host_seconds[name] += (end - start) / 1e9
+            if name in SYNC_CALLS:
+                sync_seconds += (end - start) / 1e9
+    busiest = sorted(kernel_seconds.items(), key=lambda item: -item[1])[:top]
+    host_ops = sorted(host_seconds.items(), key=lambda item: -item[1])[: 2 * top]
+    return {
+        "gpu_busy_seconds_per_step": round(union_seconds(gpu) / steps, 4),
+        "gpu_kernel_seconds_per_step": round(sum(kernel_seconds.values()) / steps, 4),
+        "host_blocked_in_sync_seconds_per_step": round(sync_seconds / steps, 4),
+        "per_step_counts": {
+            "gpu_activities": round(len(gpu) / steps),
+            "kernel_launches": round(sum(calls[name] for name in LAUNCH_CALLS) / steps),
+            "memcpy_calls": round(calls["cudaMemcpyAsync"] / steps),
+            "sync_calls": round(sum(calls[name] for name in SYNC_CALLS) / steps),
+            "item_calls": round(calls["aten::_local_scalar_dense"] / steps),
+        },
+        "top_kernels_ms_per_step": [[name[:120], round(seconds / steps * 1e3, 2)] for name, seconds in busiest],
+        "top_host_ops_inclusive_ms_per_step": [
+            [name[:120], round(seconds / steps * 1e3, 2), round(calls[name] / steps)] for name, seconds in host_ops
+        ],
+    }
+
+
+def profile_callback(start: int, steps: int, out: Path, batch: int, variant: str, trace: bool = False) -> Any:
+    import pytorch_lightning as pl
+    import torch
+
+    cuda = torch.cuda.is_available()
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+
+    class StepProfile(pl.Callback):
+        """Times steps, then profiles a window of them, writes the summary and ends the process."""
+
+        def __init__(self) -> None:
+            self.step = 0
+            self.timed_from = max(start - 2 * steps, 1)
+            self.phases: dict[str, float] = defaultdict(float)
+            self.last = 0.0
+            self.result: dict[str, Any] = {"variant": variant, "batch": batch, "profiled_steps": steps}
+
+        def mark(self, phase: str) -> None:
+            now = time.perf_counter()
+            if self.step >= start:
+                self.phases[phase] += now - self.last
+            self.last = now
+
+        def on_train_batch_start(self, trainer: pl.Trainer, module: pl.LightningModule, batch_: Any, idx: int) -> None:
+            if self.step == self.timed_from:
+                sync()
+                self.timed_started = time.perf_counter()
+            if self.step == start:
+                sync()
+                seconds = time.perf_counter() - self.timed_started
+                timed = start - self.timed_from
+                self.result["unprofiled"] = {
+                    "steps": timed,
+                    "seconds_per_step": round(seconds / timed, 4),
+                    "images_per_second": round(timed * batch / seconds, 1),
+                }
+                activities = [torch.profiler.ProfilerActivity.CPU]
+                if cuda:
+                    activities.append(torch.profiler.ProfilerActivity.CUDA)
+                self.profiler = torch.profiler.profile(activities=activities)
+                self.profiler.start()
+                self.profile_started = time.perf_counter()
+                self.last = self.profile_started
+            self.mark("waiting_for_data")
+
+        def on_before_backward(self, trainer: pl.Trainer, module: pl.LightningModule, loss: Any) -> None:
+            self.mark("forward_and_loss")
+
+        def on_after_backward(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+            self.mark("backward")
+
+        def on_train_batch_end(
+            self, trainer: pl.Trainer, module: pl.LightningModule, outputs: Any, batch_: Any, idx: int
+        ) -> None:
+            self.mark("optimizer_and_callbacks")
+            self.step += 1
+            if self.step == start + steps:
+                sync()
+                wall = time.perf_counter() - self.profile_started
+                self.profiler.stop()
+                self.finish(wall)
+
+        def finish(self, wall: float) -> None:
+            from torch.autograd import DeviceType
+
+            # GPU activities: kernels, copies, memsets. Annotations shown on the GPU's timeline (Lightning's
+            # "Optimizer.step" spans the whole step) are not work and are left out.
+            kineto = self.profiler.profiler.kineto_results.events()
+            annotations = {e.name() for e in kineto if e.is_user_annotation()}
+            events = [
+                (e.name(), e.device_type() == DeviceType.CUDA, e.start_ns(), e.start_ns() + e.duration_ns())
+                for e in kineto
+                if e.name() not in annotations
+            ]
+            summary = summarize_events(events, steps)
+            busy = summary["gpu_busy_seconds_per_step"]
+            self.result["profiled"] = {
+                "seconds_per_step": round(wall / steps, 4),
+                "images_per_second": round(steps * batch / wall, 1),
+                "host_phase_seconds_per_step": {k: round(v / steps, 4) for k, v in self.phases.items()},
+                **summary,
+            }
+            base = self.result["unprofiled"]["seconds_per_step"]
+            self.result["gpu_busy_fraction"] = round(busy / base, 3) if cuda else None
+            self.result["ceiling_speedup_without_host_overhead"] = round(base / busy, 2) if cuda and busy else None
+            self.result["peak_memory_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 1) if cuda else None
+            out.write_text(json.dumps(self.result, indent=1) + "\n")
+            if trace:  # the whole timeline, for a look in Perfetto or chrome://tracing
+                trace_file = out.with_suffix(".trace.json")
+                self.profiler.export_chrome_trace(str(trace_file))
+                subprocess.run(["gzip", "-f", str(trace_file)], check=False)
+            print(json.dumps(self.result, indent=1), flush=True)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)  # the measurement is written; validation and checkpoints would only cost time
+
+    return StepProfile()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dataset", required=True)
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--start", type=int, default=30, help="first profiled step (after compile warm-up)")
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--variant", choices=sorted(VARIANTS), default="stock")
+    parser.add_argument("--resolution", type=int, help="leave unset for the notebook's 384 px")
+    parser.add_argument(
+        "--matches-on-device", action="store_true", help="with the workflow's scripts/matches_on_device.py extension"
+    )
+    parser.add_argument("--threads", type=int, help="torch.set_num_threads for the training process (default: torch's)")
+    parser.add_argument("--trace", action="store_true", help="also write the profiled steps as <out>.trace.json.gz")
+    args = parser.parse_args()
+    from bench.stock_recipe import train_like_notebook
+    from scripts.matches_on_device import matches_on_device
+
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    compile_, graphs = VARIANTS[args.variant]
+    import torch
+
+    default_threads = torch.get_num_threads()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    name = args.variant + ("+matches_on_device" if args.matches_on_device else "")
+    name += f"+threads{args.threads}" if args.threads else ""
+    callback = profile_callback(args.start, args.steps, args.out, args.batch, name, args.trace)
+    callback.result["host_threads"] = {"default": default_threads, "used": torch.get_num_threads()}
+    with matches_on_device() if args.matches_on_device else contextlib.nullcontext():
+        train_like_notebook(
+            args.dataset, args.out.parent / f"run-{name}", 1, args.batch, [callback], compile_, graphs, args.resolution
+        )
+    raise SystemExit(f"training ended before step {args.start + args.steps}: use a larger set or a smaller --start")
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -1,0 +1,73 @@
+"""Give rfdetr's loss its matched indices on the GPU, in one copy per training step.
+
+rfdetr 1.11.2 solves all of a step's Hungarian matching problems on the GPU in one batch, brings the assignment to
+the host, and hands the loss one (query indices, target indices) pair of CPU tensors per image and decoder layer.
+The loss then indexes CUDA tensors with them (`target["labels"][target_indices]`, ...). Each such index is first
+copied to the GPU from pageable memory, and that copy waits until the GPU has finished everything queued before
+it. Profiled on an H200 at batch 128 (BENCHMARKS.md, `bench.profile_steps`): about 800 such waits per step, the
+host blocked in them for about 146 ms of each step while the GPU ran dry.
+
+`matches_on_device()` copies all of a step's indices to the GPU at once, from pinned memory, without waiting, and
+hands the loss the same values as CUDA tensors. Only where the index tensors live changes: the matching, the losses
+and therefore the training are the same. It wraps the one function of a private rfdetr module through which every
+GPU matching passes (`rfdetr.models._assignment.assign_many_bucketed`, which the matcher looks up on that module at
+each call), so it refuses any rfdetr version but the one it was checked against.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from scripts.common import StageError
+
+CHECKED_RFDETR = "1.11.2"
+
+Matches = list[list[tuple[Any, Any]]]  # per layer, per image: (query indices, target indices)
+
+
+def move_matches(matches: Matches, device: Any) -> Matches:
+    """The same index pairs on `device`: one concatenation on the host, one copy (from pinned memory when the
+    target is a GPU, so the host does not wait for it), then views of that one tensor."""
+    import torch
+
+    flat = [indices for layer in matches for pair in layer for indices in pair]
+    if not flat:
+        return matches
+    joined = torch.cat(flat)
+    if torch.device(device).type == "cuda":
+        joined = joined.pin_memory()
+    pieces = iter(joined.to(device, non_blocking=True).split([indices.numel() for indices in flat]))
+    return [[(next(pieces), next(pieces)) for _ in layer] for layer in matches]
+
+
+def on_device_of_costs(assign: Callable[..., Matches]) -> Callable[..., Matches]:
+    """Wrap rfdetr's solver so its answer lives where the cost matrices were (it returns host tensors)."""
+
+    def assign_on_device(cost_matrices: list[Any], *args: Any) -> Matches:
+        matches = assign(cost_matrices, *args)
+        device = cost_matrices[0].device
+        return move_matches(matches, device) if device.type == "cuda" else matches
+
+    return assign_on_device
+
+
+@contextmanager
+def matches_on_device() -> Iterator[None]:
+    """Within this block, rfdetr's batched matcher hands its indices to the loss on the GPU (see module doc)."""
+    installed = importlib.metadata.version("rfdetr")
+    if installed != CHECKED_RFDETR:
+        raise StageError(
+            f"scripts/matches_on_device.py wraps a private function of rfdetr {CHECKED_RFDETR}, but rfdetr "
+            f"{installed} is installed. Install rfdetr=={CHECKED_RFDETR} (pip install -e . does)."
+        )
+    from rfdetr.models import _assignment
+
+    original = _assignment.assign_many_bucketed
+    _assignment.assign_many_bucketed = on_device_of_costs(original)
+    try:
+        yield
+    finally:
+        _assignment.assign_many_bucketed = original
