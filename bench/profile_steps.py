@@ -70,11 +70,11 @@ def summarize_events(events: list[tuple[str, bool, int, int]], steps: int, top: 
         "gpu_kernel_seconds_per_step": round(sum(kernel_seconds.values()) / steps, 4),
         "host_blocked_in_sync_seconds_per_step": round(sync_seconds / steps, 4),
         "per_step_counts": {
-            "gpu_activities": round(len(gpu) / steps),
-            "kernel_launches": round(sum(calls[name] for name in LAUNCH_CALLS) / steps),
-            "memcpy_calls": round(calls["cudaMemcpyAsync"] / steps),
-            "sync_calls": round(sum(calls[name] for name in SYNC_CALLS) / steps),
-            "item_calls": round(calls["aten::_local_scalar_dense"] / steps),
+            "gpu_activities": round(len(gpu) / steps, 1),
+            "kernel_launches": round(sum(calls[name] for name in LAUNCH_CALLS) / steps, 1),
+            "memcpy_calls": round(calls["cudaMemcpyAsync"] / steps, 1),
+            "sync_calls": round(sum(calls[name] for name in SYNC_CALLS) / steps, 1),
+            "item_calls": round(calls["aten::_local_scalar_dense"] / steps, 1),
         },
         "top_kernels_ms_per_step": [[name[:120], round(seconds / steps * 1e3, 2)] for name, seconds in busiest],
         "top_host_ops_inclusive_ms_per_step": [

@@ -47,3 +47,30 @@ def test_every_run_gets_its_ratio_to_the_first_stock_run_and_its_loss_difference
 def test_without_a_stock_run_it_says_what_to_run_first():
     with pytest.raises(SystemExit, match="bench.compare --only stock"):
         side_by_side({"call": {"lever": run(400.0, [1.0], batch=128)}})
+
+
+def test_gpu_busy_time_counts_overlapping_kernels_once():
+    from bench.profile_steps import union_seconds
+
+    # two streams overlapping for 1 s, then a gap, then one more second: 3 s of the 4.5 s span are busy
+    assert union_seconds([(0, 2_000_000_000), (1_000_000_000, 2_000_000_000), (3_500_000_000, 4_500_000_000)]) == 3.0
+    assert union_seconds([]) == 0.0
+
+
+def test_a_step_profile_separates_gpu_work_from_host_waits_and_counts_per_step():
+    from bench.profile_steps import summarize_events
+
+    events = [
+        ("gemm", True, 0, 100_000_000),  # 0.1 s kernel
+        ("gemm", True, 50_000_000, 150_000_000),  # overlapping on another stream
+        ("cudaStreamSynchronize", False, 150_000_000, 200_000_000),
+        ("cudaLaunchKernel", False, 0, 1_000),
+        ("cudaLaunchKernel", False, 1_000, 2_000),
+        ("aten::_local_scalar_dense", False, 200_000_000, 200_001_000),
+    ]
+    summary = summarize_events(events, steps=2)
+    assert summary["gpu_busy_seconds_per_step"] == 0.075  # 0.15 s covered over 2 steps
+    assert summary["gpu_kernel_seconds_per_step"] == 0.1  # 0.2 s of kernels: the overlap counts twice
+    assert summary["host_blocked_in_sync_seconds_per_step"] == 0.025
+    assert summary["per_step_counts"]["kernel_launches"] == 1 and summary["per_step_counts"]["sync_calls"] == 0.5
+    assert summary["top_kernels_ms_per_step"] == [["gemm", 100.0]]

@@ -68,7 +68,9 @@ def test_every_stage_leaves_its_outputs(two_block_run, tiny_dataset):
     for rule_log in ("download/train2017.log", "extract/val2017.log", "verify/dataset.log", "train/block_02.log"):
         assert (workdir / "results" / "logs" / rule_log).stat().st_size > 0
     assert len(list((workdir / "results" / "benchmarks").rglob("*.tsv"))) == 10
-    assert "loads NO DINOv2 backbone weights" in (workdir / "results" / "logs" / "train" / "block_01.log").read_text()
+    train_log = (workdir / "results" / "logs" / "train" / "block_01.log").read_text()
+    assert "loads NO DINOv2 backbone weights" in train_log
+    assert "Host threads of the training process: 1" in train_log  # config.yaml's train.host_threads
 
 
 def test_metrics_have_train_and_val_rows_for_every_epoch_and_the_plots_are_pngs(two_block_run):
