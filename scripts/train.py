@@ -384,12 +384,13 @@ def prepare_state(state_dir: Path, plan: ResumePlan) -> None:
     truncate_metrics(state_dir / "metrics.csv", plan.next_epoch)
 
 
-def set_host_threads(threads: int) -> None:
-    """CPU threads of this process's own torch operations (0 keeps torch's default). The data-loader workers
-    are separate processes with one thread each; see config.yaml's train.host_threads for why 1 is faster."""
+def set_host_threads(threads: int, device: Device) -> None:
+    """CPU threads of this process's own torch operations on a GPU run (0 keeps torch's default). The data-loader
+    workers are separate processes with one thread each; see config.yaml's train.host_threads for why 1 is
+    faster. A CPU run computes the model itself on the host, so it keeps torch's default."""
     import torch
 
-    if threads:
+    if threads and device.kind == "cuda":
         torch.set_num_threads(threads)
     log.info("Host threads of the training process: %d", torch.get_num_threads())
 
@@ -448,7 +449,7 @@ def train_block(args: argparse.Namespace, settings: Mapping[str, Any]) -> None:
         kwargs = train_kwargs(recipe, stage["path"], state_dir, min(args.threads, train["max_workers"]), device)
         if plan.checkpoint is not None:
             kwargs["resume"] = str(plan.checkpoint)
-        set_host_threads(train["host_threads"])
+        set_host_threads(train["host_threads"], device)
         run_rfdetr(recipe, profile, kwargs, end)
     if not main_rank:
         return

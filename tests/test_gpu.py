@@ -30,6 +30,10 @@ def test_the_train_rule_detects_the_gpu_profile_and_trains_two_blocks(workdir, s
         assert "matches" in run["profile_reason"] or "meet" in run["profile_reason"]
         epochs = json.loads((workdir / "results" / "train" / block / "epochs.json").read_text())
         assert epochs[0]["peak_memory_gb"] > 0 and epochs[0]["images_per_second"] > 0
+    assert (
+        "Host threads of the training process: 1"
+        in (workdir / "results" / "logs" / "train" / "block_01.log").read_text()
+    )
     profile = json.loads(next((workdir / "results" / "train" / "state").glob("*/profile.json")).read_text())
     assert profile["profile"]["name"] == run["profile"]["name"]
 
