@@ -20,7 +20,6 @@ import argparse
 import contextlib
 import json
 import os
-import subprocess
 import sys
 import time
 from collections import Counter, defaultdict
@@ -173,10 +172,8 @@ def profile_callback(start: int, steps: int, out: Path, batch: int, variant: str
             self.result["ceiling_speedup_without_host_overhead"] = round(base / busy, 2) if cuda and busy else None
             self.result["peak_memory_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 1) if cuda else None
             out.write_text(json.dumps(self.result, indent=1) + "\n")
-            if trace:  # the whole timeline, for a look in Perfetto or chrome://tracing
-                trace_file = out.with_suffix(".trace.json")
-                self.profiler.export_chrome_trace(str(trace_file))
-                subprocess.run(["gzip", "-f", str(trace_file)], check=False)
+            if trace:  # the whole timeline, for a look in Perfetto or chrome://tracing (torch gzips a .gz name)
+                self.profiler.export_chrome_trace(str(out.with_suffix(".trace.json.gz")))
             print(json.dumps(self.result, indent=1), flush=True)
             sys.stdout.flush()
             sys.stderr.flush()

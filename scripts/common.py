@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import logging
 import os
@@ -64,6 +65,23 @@ def write_json(path: str | os.PathLike[str], data: Any) -> None:
 def read_json(path: str | os.PathLike[str]) -> Any:
     with open(path) as handle:
         return json.load(handle)
+
+
+# The rfdetr version whose private parts the workflow extends (scripts/train.py, scripts/matches_on_device.py).
+SUPPORTED_RFDETR = "1.11.2"
+
+
+def rfdetr_version() -> str:
+    return importlib.metadata.version("rfdetr")
+
+
+def require_supported_rfdetr(what: str) -> None:
+    """Stop with what to do when the installed rfdetr is not the version `what` was written against."""
+    if rfdetr_version() != SUPPORTED_RFDETR:
+        raise StageError(
+            f"{what} extends rfdetr {SUPPORTED_RFDETR}, but rfdetr {rfdetr_version()} is installed. "
+            f"Install rfdetr=={SUPPORTED_RFDETR} (pip install -e . does)."
+        )
 
 
 CONFIG_ENV = "PIPELINE_CONFIG"

@@ -11,19 +11,16 @@ host blocked in them for about 146 ms of each step while the GPU ran dry.
 hands the loss the same values as CUDA tensors. Only where the index tensors live changes: the matching, the losses
 and therefore the training are the same. It wraps the one function of a private rfdetr module through which every
 GPU matching passes (`rfdetr.models._assignment.assign_many_bucketed`, which the matcher looks up on that module at
-each call), so it refuses any rfdetr version but the one it was checked against.
+each call), so it refuses any rfdetr version but the one it was checked against (`SUPPORTED_RFDETR`).
 """
 
 from __future__ import annotations
 
-import importlib.metadata
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from scripts.common import StageError
-
-CHECKED_RFDETR = "1.11.2"
+from scripts.common import require_supported_rfdetr
 
 Matches = list[list[tuple[Any, Any]]]  # per layer, per image: (query indices, target indices)
 
@@ -57,12 +54,7 @@ def on_device_of_costs(assign: Callable[..., Matches]) -> Callable[..., Matches]
 @contextmanager
 def matches_on_device() -> Iterator[None]:
     """Within this block, rfdetr's batched matcher hands its indices to the loss on the GPU (see module doc)."""
-    installed = importlib.metadata.version("rfdetr")
-    if installed != CHECKED_RFDETR:
-        raise StageError(
-            f"scripts/matches_on_device.py wraps a private function of rfdetr {CHECKED_RFDETR}, but rfdetr "
-            f"{installed} is installed. Install rfdetr=={CHECKED_RFDETR} (pip install -e . does)."
-        )
+    require_supported_rfdetr("scripts/matches_on_device.py")
     from rfdetr.models import _assignment
 
     original = _assignment.assign_many_bucketed

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import csv
 import hashlib
-import importlib.metadata
 import json
 import os
 import shutil
@@ -30,13 +29,22 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from scripts.common import StageError, log, pipeline_config, read_json, run_main, where_this_runs, write_json
+from scripts.common import (
+    StageError,
+    log,
+    pipeline_config,
+    read_json,
+    require_supported_rfdetr,
+    rfdetr_version,
+    run_main,
+    where_this_runs,
+    write_json,
+)
 from scripts.gpu_profiles import Device, detect_device, resolve_profile, settle_profile
 from scripts.matches_on_device import matches_on_device
 from scripts.stage import remove_staged
 from scripts.verify_counts import count_images
 
-SUPPORTED_RFDETR = "1.11.2"
 INIT_NOTE = (
     "Initialisation: pretrain_weights=None, so no released detector checkpoint is loaded. For Nano (patch 16, "
     "24x24 position grid) rfdetr 1.11.2 also loads NO DINOv2 backbone weights: the whole model, backbone "
@@ -57,10 +65,6 @@ RECIPE_KEYS = (
 
 
 # ---------------------------------------------------------------- recipe ----
-
-
-def rfdetr_version() -> str:
-    return importlib.metadata.version("rfdetr")
 
 
 def recipe_of(train: Mapping[str, Any], profile: Mapping[str, Any], rfdetr: str) -> dict[str, Any]:
@@ -256,11 +260,7 @@ def extra_callbacks(callbacks: list[Any], plugins: list[Any] | None = None) -> I
     rfdetr 1.11.2 takes no callbacks argument; its `train()` imports `rfdetr.training.build_trainer` at call
     time, so wrapping that public function is enough. Checked against the exact version it was written for.
     """
-    if rfdetr_version() != SUPPORTED_RFDETR:
-        raise StageError(
-            f"This pipeline extends rfdetr {SUPPORTED_RFDETR}'s trainer, but rfdetr {rfdetr_version()} is installed. "
-            f"Install rfdetr=={SUPPORTED_RFDETR} (pip install -e . does)."
-        )
+    require_supported_rfdetr("The workflow's trainer hook (scripts/train.py)")
     import rfdetr.training as training
 
     original = training.build_trainer

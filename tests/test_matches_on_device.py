@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from scripts import common
 from scripts import matches_on_device as extension
 from scripts.common import StageError
 
@@ -58,7 +59,7 @@ def test_the_loss_is_the_same_with_and_without_the_extension_on_the_cpu(tmp_path
 
 
 def test_another_rfdetr_version_is_refused_with_what_to_do(monkeypatch):
-    monkeypatch.setattr(extension, "CHECKED_RFDETR", "0.0.1")
+    monkeypatch.setattr(common, "SUPPORTED_RFDETR", "0.0.1")
     with pytest.raises(StageError, match=r"rfdetr==0\.0\.1"):
         with extension.matches_on_device():
             pass
