@@ -74,3 +74,29 @@ def test_a_step_profile_separates_gpu_work_from_host_waits_and_counts_per_step()
     assert summary["host_blocked_in_sync_seconds_per_step"] == 0.025
     assert summary["per_step_counts"]["kernel_launches"] == 1 and summary["per_step_counts"]["sync_calls"] == 0.5
     assert summary["top_kernels_ms_per_step"] == [["gemm", 100.0]]
+
+
+def test_a_trace_reading_names_the_slow_host_ops_and_what_each_wait_was_inside(tmp_path):
+    import gzip
+    import json
+
+    from bench.trace_ops import read_trace
+
+    def event(name: str, cat: str, ts: float, dur: float, tid: int = 1) -> dict:
+        return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur, "tid": tid}
+
+    events = [  # microseconds, as torch writes them; one step
+        event("aten::index", "cpu_op", 0, 100),
+        event("aten::to", "cpu_op", 10, 80),
+        event("cudaStreamSynchronize", "cuda_runtime", 20, 60),
+        event("aten::nonzero", "cpu_op", 200, 5000),
+        event("gemm", "kernel", 0, 1000, tid=7),
+        event("Optimizer.step", "gpu_user_annotation", 0, 9000, tid=7),  # a label on the GPU row, not work
+    ]
+    trace = tmp_path / "t.trace.json.gz"
+    with gzip.open(trace, "wt") as handle:
+        json.dump({"traceEvents": events}, handle)
+    reading = read_trace(str(trace), steps=1, top=5)
+    assert reading["gpu_busy_ms_per_step"] == 1.0
+    assert reading["host_ops"][0]["name"] == "aten::nonzero" and reading["host_ops"][0]["max_ms"] == 5.0
+    assert reading["host_waits"] == [{"inside": ["aten::index", "aten::to"], "per_step": 1.0, "ms_per_step": 0.1}]

@@ -1,0 +1,96 @@
+"""Read a trace written by `bench.profile_steps --trace`: GPU-busy time, the slowest host operations, and what
+makes the host wait for the GPU.
+
+usage: python -m bench.trace_ops TRACE.trace.json.gz [--steps 6] [--top 15]
+
+Looks at the thread that launches the most CUDA work (the training loop). For each operation name: calls per
+step, median and largest duration, total per step. For each `cudaStreamSynchronize`: the chain of operations
+around it (innermost four), so a wait can be traced to the code that caused it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import gzip
+import json
+import statistics
+from collections import Counter, defaultdict
+from typing import Any
+
+from bench.profile_steps import union_seconds
+
+GPU_WORK = ("kernel", "gpu_memcpy", "gpu_memset")  # not "gpu_user_annotation": a label, not work
+
+
+def load_events(path: str) -> list[dict[str, Any]]:
+    with gzip.open(path, "rt") as handle:
+        return [e for e in json.load(handle)["traceEvents"] if e.get("ph") == "X"]
+
+
+def host_ops(events: list[dict[str, Any]], steps: int, top: int) -> list[dict[str, Any]]:
+    """The training thread's operations with the most total time, each with its duration spread (ms)."""
+    durations: dict[str, list[float]] = defaultdict(list)
+    for event in events:
+        durations[event["name"]].append(event["dur"] / 1e3)
+    ranked = sorted(durations.items(), key=lambda item: -sum(item[1]))[:top]
+    return [
+        {
+            "name": name[:100],
+            "calls_per_step": round(len(values) / steps, 1),
+            "median_ms": round(statistics.median(values), 3),
+            "max_ms": round(max(values), 1),
+            "ms_per_step": round(sum(values) / steps, 1),
+        }
+        for name, values in ranked
+    ]
+
+
+def wait_sources(events: list[dict[str, Any]], steps: int, top: int) -> list[dict[str, Any]]:
+    """Each `cudaStreamSynchronize`, grouped by the innermost four operations that enclose it."""
+    ops = sorted((e for e in events if e.get("cat") in ("cpu_op", "user_annotation")), key=lambda e: e["ts"])
+    starts = [e["ts"] for e in ops]
+    groups: Counter[tuple[str, ...]] = Counter()
+    seconds: dict[tuple[str, ...], float] = defaultdict(float)
+    for wait in (e for e in events if e["name"] == "cudaStreamSynchronize"):
+        # enclosing ops start at or before the wait and end after it; a short look-back suffices (ops nest)
+        index = bisect.bisect_right(starts, wait["ts"])
+        around = [e for e in ops[max(index - 3000, 0) : index] if e["ts"] + e["dur"] >= wait["ts"]]
+        chain = tuple(e["name"] for e in around[-4:])
+        groups[chain] += 1
+        seconds[chain] += wait["dur"] / 1e6
+    return [
+        {
+            "inside": list(chain),
+            "per_step": round(count / steps, 1),
+            "ms_per_step": round(seconds[chain] / steps * 1e3, 1),
+        }
+        for chain, count in groups.most_common(top)
+    ]
+
+
+def read_trace(path: str, steps: int, top: int) -> dict[str, Any]:
+    events = load_events(path)
+    gpu = [(round(e["ts"] * 1e3), round((e["ts"] + e["dur"]) * 1e3)) for e in events if e.get("cat") in GPU_WORK]
+    threads = Counter(e["tid"] for e in events if e.get("cat") == "cuda_runtime")
+    training_thread = threads.most_common(1)[0][0]
+    host = [e for e in events if e["tid"] == training_thread and e.get("cat") in ("cpu_op", "cuda_runtime")]
+    return {
+        "trace": path,
+        "gpu_busy_ms_per_step": round(union_seconds(gpu) / steps * 1e3, 1),
+        "host_ops": host_ops(host, steps, top),
+        "host_waits": wait_sources(host, steps, top),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("trace")
+    parser.add_argument("--steps", type=int, default=6, help="profiled steps in the trace")
+    parser.add_argument("--top", type=int, default=15)
+    args = parser.parse_args()
+    print(json.dumps(read_trace(args.trace, args.steps, args.top), indent=1))
+
+
+if __name__ == "__main__":
+    main()
