@@ -38,14 +38,20 @@ case $phase in
               python3 -m bench.compare --dataset "$DATA" --out /tmp/bench --only pipeline --name "eager_${g}gpu" \
                 --bench-profile "$EAGER" --gpus "$g" --pipeline-epochs 2 --epochs-per-block 2
             done ;;
-  profile)  # bench.profile_steps, two variants side by side per line of PAIRS ("name|args|name|args"): GPU 0, GPU 1
+  profile)  # bench.profile_steps, two variants side by side per line of PAIRS ("name|args|name|args"): GPU 0, GPU 1;
+            # each process limited to LIMIT seconds; traces are read here (bench.trace_ops) and kept only with KEEP_TRACES=1
             nvidia-smi dmon -s u -d 1 > "$OUT/dmon-profile.txt" 2>&1 & dmon=$!
             while IFS='|' read -r name0 args0 name1 args1; do
-              CUDA_VISIBLE_DEVICES=0 python3 -m bench.profile_steps --dataset "$DATA" $args0 --out "$OUT/profile-$name0.json" \
-                --trace > "/tmp/profile-$name0.log" 2>&1 & first=$!
-              CUDA_VISIBLE_DEVICES=1 python3 -m bench.profile_steps --dataset "$DATA" $args1 --out "$OUT/profile-$name1.json" \
-                --trace > "/tmp/profile-$name1.log" 2>&1 || echo "$name1 failed: $?"
+              CUDA_VISIBLE_DEVICES=0 timeout "${LIMIT:-400}" python3 -m bench.profile_steps --dataset "$DATA" $args0 \
+                --out "$OUT/profile-$name0.json" --trace > "/tmp/profile-$name0.log" 2>&1 & first=$!
+              CUDA_VISIBLE_DEVICES=1 timeout "${LIMIT:-400}" python3 -m bench.profile_steps --dataset "$DATA" $args1 \
+                --out "$OUT/profile-$name1.json" --trace > "/tmp/profile-$name1.log" 2>&1 || echo "$name1 failed: $?"
               wait $first || echo "$name0 failed: $?"
+              for name in "$name0" "$name1"; do
+                trace="$OUT/profile-$name.trace.json.gz"
+                [ -f "$trace" ] && python3 -m bench.trace_ops "$trace" --top 40 > "$OUT/trace-$name.json" 2>&1
+                [ "${KEEP_TRACES:-0}" = 1 ] || rm -f "$trace"
+              done
             done <<< "${PAIRS:-stock||matches_on_device|--matches-on-device}"
             kill $dmon || true
             for f in /tmp/profile-*.log; do grep -v "it/s" "$f" | tail -c 50000 > "$OUT/$(basename "$f")"; done

@@ -1,7 +1,8 @@
 """Where a training step of the notebook's recipe spends its time: how busy the GPU is, and on what.
 
 usage: python -m bench.profile_steps --dataset DIR --out FILE.json [--batch 128] [--start 30] [--steps 6]
-           [--variant stock|eager|eager_graphs] [--matches-on-device] [--threads N] [--resolution N] [--trace]
+           [--variant stock|eager|eager_graphs] [--matches-on-device] [--targets-one-copy] [--static-graphs]
+           [--threads N] [--resolution N] [--trace]
 
 Runs the notebook's `train()` call (bench.stock_recipe). Steps [start - 2*steps, start) are timed with no profiler
 (the rate a user gets); steps [start, start + steps) run under torch.profiler. Then it writes, per step: wall
@@ -194,11 +195,21 @@ def main() -> None:
     parser.add_argument(
         "--matches-on-device", action="store_true", help="with the workflow's scripts/matches_on_device.py extension"
     )
+    parser.add_argument(
+        "--targets-one-copy", action="store_true", help="with the workflow's scripts/targets_one_copy.py extension"
+    )
+    parser.add_argument(
+        "--static-graphs",
+        action="store_true",
+        help="compile with cuda_graphs=True and the workflow's scripts/static_cuda_graphs.py extension",
+    )
     parser.add_argument("--threads", type=int, help="torch.set_num_threads for the training process (default: torch's)")
     parser.add_argument("--trace", action="store_true", help="also write the profiled steps as <out>.trace.json.gz")
     args = parser.parse_args()
     from bench.stock_recipe import train_like_notebook
     from scripts.matches_on_device import matches_on_device
+    from scripts.static_cuda_graphs import static_cuda_graphs_callback
+    from scripts.targets_one_copy import targets_one_copy
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     compile_, graphs = VARIANTS[args.variant]
@@ -208,12 +219,22 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     name = args.variant + ("+matches_on_device" if args.matches_on_device else "")
+    name += "+targets_one_copy" if args.targets_one_copy else ""
+    name += "+static_graphs" if args.static_graphs else ""
     name += f"+threads{args.threads}" if args.threads else ""
     callback = profile_callback(args.start, args.steps, args.out, args.batch, name, args.trace)
     callback.result["host_threads"] = {"default": default_threads, "used": torch.get_num_threads()}
-    with matches_on_device() if args.matches_on_device else contextlib.nullcontext():
+    callbacks = [callback]
+    if args.static_graphs:
+        compile_, graphs = True, True
+        callbacks.insert(0, static_cuda_graphs_callback())
+    with contextlib.ExitStack() as extensions:
+        if args.matches_on_device:
+            extensions.enter_context(matches_on_device())
+        if args.targets_one_copy:
+            extensions.enter_context(targets_one_copy())
         train_like_notebook(
-            args.dataset, args.out.parent / f"run-{name}", 1, args.batch, [callback], compile_, graphs, args.resolution
+            args.dataset, args.out.parent / f"run-{name}", 1, args.batch, callbacks, compile_, graphs, args.resolution
         )
     raise SystemExit(f"training ended before step {args.start + args.steps}: use a larger set or a smaller --start")
 
