@@ -1,7 +1,8 @@
 """Where a training step of the notebook's recipe spends its time: how busy the GPU is, and on what.
 
 usage: python -m bench.profile_steps --dataset DIR --out FILE.json [--batch 128] [--start 30] [--steps 6]
-           [--variant stock|eager|eager_graphs] [--matches-on-device] [--targets-one-copy] [--static-graphs]
+           [--variant stock|eager|eager_graphs] [--matches-on-device] [--targets-one-copy] [--gather-targets]
+           [--static-graphs] [--sync-debug]
            [--threads N] [--resolution N] [--trace]
 
 Runs the notebook's `train()` call (bench.stock_recipe). Steps [start - 2*steps, start) are timed with no profiler
@@ -83,7 +84,9 @@ def summarize_events(events: list[tuple[str, bool, int, int]], steps: int, top: 
     }
 
 
-def profile_callback(start: int, steps: int, out: Path, batch: int, variant: str, trace: bool = False) -> Any:
+def profile_callback(
+    start: int, steps: int, out: Path, batch: int, variant: str, trace: bool = False, sync_debug: bool = False
+) -> Any:
     import pytorch_lightning as pl
     import torch
 
@@ -126,6 +129,8 @@ def profile_callback(start: int, steps: int, out: Path, batch: int, variant: str
                 if cuda:
                     activities.append(torch.profiler.ProfilerActivity.CUDA)
                 self.profiler = torch.profiler.profile(activities=activities)
+                if sync_debug and cuda:  # each place that makes the host wait for the GPU warns once, with its file and line
+                    torch.cuda.set_sync_debug_mode("warn")
                 self.profiler.start()
                 self.profile_started = time.perf_counter()
                 self.last = self.profile_started
@@ -146,6 +151,8 @@ def profile_callback(start: int, steps: int, out: Path, batch: int, variant: str
                 sync()
                 wall = time.perf_counter() - self.profile_started
                 self.profiler.stop()
+                if sync_debug and cuda:
+                    torch.cuda.set_sync_debug_mode("default")
                 self.finish(wall)
 
         def finish(self, wall: float) -> None:
@@ -199,6 +206,12 @@ def main() -> None:
         "--targets-one-copy", action="store_true", help="with the workflow's scripts/targets_one_copy.py extension"
     )
     parser.add_argument(
+        "--gather-targets", action="store_true", help="with the workflow's scripts/gather_matched_targets.py extension"
+    )
+    parser.add_argument(
+        "--sync-debug", action="store_true", help="warn (file and line) where the profiled steps wait for the GPU"
+    )
+    parser.add_argument(
         "--static-graphs",
         action="store_true",
         help="compile with cuda_graphs=True and the workflow's scripts/static_cuda_graphs.py extension",
@@ -207,6 +220,7 @@ def main() -> None:
     parser.add_argument("--trace", action="store_true", help="also write the profiled steps as <out>.trace.json.gz")
     args = parser.parse_args()
     from bench.stock_recipe import train_like_notebook
+    from scripts.gather_matched_targets import gather_matched_targets
     from scripts.matches_on_device import matches_on_device
     from scripts.static_cuda_graphs import static_cuda_graphs_callback
     from scripts.targets_one_copy import targets_one_copy
@@ -220,9 +234,10 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     name = args.variant + ("+matches_on_device" if args.matches_on_device else "")
     name += "+targets_one_copy" if args.targets_one_copy else ""
+    name += "+gather_targets" if args.gather_targets else ""
     name += "+static_graphs" if args.static_graphs else ""
     name += f"+threads{args.threads}" if args.threads else ""
-    callback = profile_callback(args.start, args.steps, args.out, args.batch, name, args.trace)
+    callback = profile_callback(args.start, args.steps, args.out, args.batch, name, args.trace, args.sync_debug)
     callback.result["host_threads"] = {"default": default_threads, "used": torch.get_num_threads()}
     callbacks = [callback]
     if args.static_graphs:
@@ -233,6 +248,8 @@ def main() -> None:
             extensions.enter_context(matches_on_device())
         if args.targets_one_copy:
             extensions.enter_context(targets_one_copy())
+        if args.gather_targets:
+            extensions.enter_context(gather_matched_targets())
         train_like_notebook(
             args.dataset, args.out.parent / f"run-{name}", 1, args.batch, callbacks, compile_, graphs, args.resolution
         )
