@@ -129,7 +129,7 @@ def profile_callback(
                 if cuda:
                     activities.append(torch.profiler.ProfilerActivity.CUDA)
                 self.profiler = torch.profiler.profile(activities=activities)
-                if sync_debug and cuda:  # each place that makes the host wait for the GPU warns once, with its file and line
+                if sync_debug and cuda:  # each place where the host waits for the GPU warns once, with file and line
                     torch.cuda.set_sync_debug_mode("warn")
                 self.profiler.start()
                 self.profile_started = time.perf_counter()
