@@ -2,7 +2,7 @@
 
 usage: python -m bench.profile_steps --dataset DIR --out FILE.json [--batch 128] [--start 30] [--steps 6]
            [--variant stock|eager|eager_graphs] [--matches-on-device] [--targets-one-copy] [--gather-targets]
-           [--static-graphs] [--sync-debug]
+           [--ema-without-waiting] [--freeze-gc] [--static-graphs] [--sync-debug]
            [--threads N] [--resolution N] [--trace]
 
 Runs the notebook's `train()` call (bench.stock_recipe). Steps [start - 2*steps, start) are timed with no profiler
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import sys
@@ -105,6 +106,17 @@ def profile_callback(
             self.phases: dict[str, float] = defaultdict(float)
             self.last = 0.0
             self.result: dict[str, Any] = {"variant": variant, "batch": batch, "profiled_steps": steps}
+            self.gc_runs: Counter[int] = Counter()
+            self.gc_seconds = 0.0
+            self.gc_started = 0.0
+
+        def time_gc(self, phase: str, info: dict[str, int]) -> None:
+            """Python's garbage collections in the timed steps: how many of each generation, how long in all."""
+            if phase == "start":
+                self.gc_started = time.perf_counter()
+            else:
+                self.gc_seconds += time.perf_counter() - self.gc_started
+                self.gc_runs[info["generation"]] += 1
 
         def mark(self, phase: str) -> None:
             now = time.perf_counter()
@@ -116,14 +128,20 @@ def profile_callback(
             if self.step == self.timed_from:
                 sync()
                 self.timed_started = time.perf_counter()
+                gc.callbacks.append(self.time_gc)
             if self.step == start:
                 sync()
                 seconds = time.perf_counter() - self.timed_started
                 timed = start - self.timed_from
+                gc.callbacks.remove(self.time_gc)
                 self.result["unprofiled"] = {
                     "steps": timed,
                     "seconds_per_step": round(seconds / timed, 4),
                     "images_per_second": round(timed * batch / seconds, 1),
+                    "garbage_collections_per_step": {
+                        f"generation {g}": round(n / timed, 2) for g, n in sorted(self.gc_runs.items())
+                    },
+                    "garbage_collection_seconds_per_step": round(self.gc_seconds / timed, 4),
                 }
                 activities = [torch.profiler.ProfilerActivity.CPU]
                 if cuda:
@@ -209,6 +227,10 @@ def main() -> None:
         "--gather-targets", action="store_true", help="with the workflow's scripts/gather_matched_targets.py extension"
     )
     parser.add_argument(
+        "--ema-without-waiting", action="store_true", help="with the workflow's scripts/ema_without_waiting.py"
+    )
+    parser.add_argument("--freeze-gc", action="store_true", help="with the workflow's scripts/freeze_gc.py callback")
+    parser.add_argument(
         "--sync-debug", action="store_true", help="warn (file and line) where the profiled steps wait for the GPU"
     )
     parser.add_argument(
@@ -220,6 +242,8 @@ def main() -> None:
     parser.add_argument("--trace", action="store_true", help="also write the profiled steps as <out>.trace.json.gz")
     args = parser.parse_args()
     from bench.stock_recipe import train_like_notebook
+    from scripts.ema_without_waiting import ema_without_waiting
+    from scripts.freeze_gc import freeze_gc_callback
     from scripts.gather_matched_targets import gather_matched_targets
     from scripts.matches_on_device import matches_on_device
     from scripts.static_cuda_graphs import static_cuda_graphs_callback
@@ -235,6 +259,8 @@ def main() -> None:
     name = args.variant + ("+matches_on_device" if args.matches_on_device else "")
     name += "+targets_one_copy" if args.targets_one_copy else ""
     name += "+gather_targets" if args.gather_targets else ""
+    name += "+ema_without_waiting" if args.ema_without_waiting else ""
+    name += "+freeze_gc" if args.freeze_gc else ""
     name += "+static_graphs" if args.static_graphs else ""
     name += f"+threads{args.threads}" if args.threads else ""
     callback = profile_callback(args.start, args.steps, args.out, args.batch, name, args.trace, args.sync_debug)
@@ -243,6 +269,8 @@ def main() -> None:
     if args.static_graphs:
         compile_, graphs = True, True
         callbacks.insert(0, static_cuda_graphs_callback())
+    if args.freeze_gc:
+        callbacks.insert(0, freeze_gc_callback())
     with contextlib.ExitStack() as extensions:
         if args.matches_on_device:
             extensions.enter_context(matches_on_device())
@@ -250,6 +278,8 @@ def main() -> None:
             extensions.enter_context(targets_one_copy())
         if args.gather_targets:
             extensions.enter_context(gather_matched_targets())
+        if args.ema_without_waiting:
+            extensions.enter_context(ema_without_waiting())
         train_like_notebook(
             args.dataset, args.out.parent / f"run-{name}", 1, args.batch, callbacks, compile_, graphs, args.resolution
         )
