@@ -40,10 +40,11 @@ from scripts.common import (
     where_this_runs,
     write_json,
 )
+from scripts.ema_without_waiting import ema_without_waiting
+from scripts.gather_matched_targets import gather_matched_targets
 from scripts.gpu_profiles import Device, detect_device, resolve_profile, settle_profile
 from scripts.matches_on_device import matches_on_device
 from scripts.stage import remove_staged
-from scripts.static_cuda_graphs import static_cuda_graphs_callback
 from scripts.targets_one_copy import targets_one_copy
 from scripts.verify_counts import count_images
 
@@ -407,15 +408,18 @@ def run_rfdetr(recipe: Mapping[str, Any], profile: Mapping[str, Any], kwargs: di
     # reproducible too (the same seed gives the same run).
     pl.seed_everything(recipe["seed"], workers=True)
     model = RFDETRNano(pretrain_weights=None, compile=profile["compile"], cuda_graphs=profile["cuda_graphs"])
-    # static_cuda_graphs: with a profile's compile and cuda_graphs, one fixed-shape compile replayed as CUDA graphs
-    callbacks = [static_cuda_graphs_callback(), *lightning_callbacks(end, Path(kwargs["output_dir"]) / "epochs.jsonl")]
+    callbacks = lightning_callbacks(end, Path(kwargs["output_dir"]) / "epochs.jsonl")
     try:
-        # Same values, less host work per step: the loss gets the matcher's indices on the GPU, and the targets
-        # reach the GPU in one copy per field (scripts/matches_on_device.py, scripts/targets_one_copy.py).
+        # Same values, less host work (and fewer waits for the GPU) per step: the targets reach the GPU in one copy
+        # per field, the loss gets the matcher's indices on the GPU and gathers its matched targets per layer at
+        # once, and the EMA update does not wait for the GPU (scripts/targets_one_copy.py, matches_on_device.py,
+        # gather_matched_targets.py, ema_without_waiting.py; measurements in BENCHMARKS.md).
         with (
             extra_callbacks(callbacks, single_node_ddp_plugins(recipe["gpus"])),
-            matches_on_device(),
             targets_one_copy(),
+            matches_on_device(),
+            gather_matched_targets(),
+            ema_without_waiting(),
         ):
             model.train(**kwargs)
     except SIGTERMException as stop:  # Lightning's SystemExit, which would otherwise exit with status 0
