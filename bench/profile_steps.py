@@ -2,7 +2,7 @@
 
 usage: python -m bench.profile_steps --dataset DIR --out FILE.json [--batch 128] [--start 30] [--steps 6]
            [--variant stock|eager|eager_graphs] [--matches-on-device] [--targets-one-copy] [--gather-targets]
-           [--ema-without-waiting] [--freeze-gc] [--static-graphs] [--sync-debug]
+           [--ema-without-waiting] [--sync-debug]
            [--threads N] [--resolution N] [--trace]
 
 Runs the notebook's `train()` call (bench.stock_recipe). Steps [start - 2*steps, start) are timed with no profiler
@@ -229,24 +229,16 @@ def main() -> None:
     parser.add_argument(
         "--ema-without-waiting", action="store_true", help="with the workflow's scripts/ema_without_waiting.py"
     )
-    parser.add_argument("--freeze-gc", action="store_true", help="with the workflow's scripts/freeze_gc.py callback")
     parser.add_argument(
         "--sync-debug", action="store_true", help="warn (file and line) where the profiled steps wait for the GPU"
-    )
-    parser.add_argument(
-        "--static-graphs",
-        action="store_true",
-        help="compile with cuda_graphs=True and the workflow's scripts/static_cuda_graphs.py extension",
     )
     parser.add_argument("--threads", type=int, help="torch.set_num_threads for the training process (default: torch's)")
     parser.add_argument("--trace", action="store_true", help="also write the profiled steps as <out>.trace.json.gz")
     args = parser.parse_args()
     from bench.stock_recipe import train_like_notebook
     from scripts.ema_without_waiting import ema_without_waiting
-    from scripts.freeze_gc import freeze_gc_callback
     from scripts.gather_matched_targets import gather_matched_targets
     from scripts.matches_on_device import matches_on_device
-    from scripts.static_cuda_graphs import static_cuda_graphs_callback
     from scripts.targets_one_copy import targets_one_copy
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -260,17 +252,10 @@ def main() -> None:
     name += "+targets_one_copy" if args.targets_one_copy else ""
     name += "+gather_targets" if args.gather_targets else ""
     name += "+ema_without_waiting" if args.ema_without_waiting else ""
-    name += "+freeze_gc" if args.freeze_gc else ""
-    name += "+static_graphs" if args.static_graphs else ""
     name += f"+threads{args.threads}" if args.threads else ""
     callback = profile_callback(args.start, args.steps, args.out, args.batch, name, args.trace, args.sync_debug)
     callback.result["host_threads"] = {"default": default_threads, "used": torch.get_num_threads()}
     callbacks = [callback]
-    if args.static_graphs:
-        compile_, graphs = True, True
-        callbacks.insert(0, static_cuda_graphs_callback())
-    if args.freeze_gc:
-        callbacks.insert(0, freeze_gc_callback())
     with contextlib.ExitStack() as extensions:
         if args.matches_on_device:
             extensions.enter_context(matches_on_device())

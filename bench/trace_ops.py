@@ -1,11 +1,13 @@
 """Read a trace written by `bench.profile_steps --trace`: GPU-busy time, the slowest host operations, and what
 makes the host wait for the GPU.
 
-usage: python -m bench.trace_ops TRACE.trace.json.gz [--steps 6] [--top 15]
+usage: python -m bench.trace_ops TRACE.trace.json.gz [--steps 6] [--top 15] [--pause-ms 10]
 
 Looks at the thread that launches the most CUDA work (the training loop). For each operation name: calls per
 step, median and largest duration, total per step. For each `cudaStreamSynchronize`: the chain of operations
-around it (innermost four), so a wait can be traced to the code that caused it.
+around it (innermost four), so a wait can be traced to the code that caused it. Pauses: stretches of at least
+--pause-ms in which the training thread ran no operation at all (it waited for the backward pass, which runs on
+its own thread, or was held off the interpreter by another thread), with the operations before and after.
 """
 
 from __future__ import annotations
@@ -69,7 +71,29 @@ def wait_sources(events: list[dict[str, Any]], steps: int, top: int) -> list[dic
     ]
 
 
-def read_trace(path: str, steps: int, top: int) -> dict[str, Any]:
+def host_pauses(events: list[dict[str, Any]], steps: int, min_ms: float) -> dict[str, Any]:
+    """Stretches of at least `min_ms` in which the thread ran no operation: when, how long, between which ops."""
+    ops = sorted(events, key=lambda e: e["ts"])
+    if not ops:
+        return {"ms_per_step": 0.0, "pauses": []}
+    origin, reach, last = ops[0]["ts"], ops[0]["ts"] + ops[0]["dur"], ops[0]
+    pauses = []
+    for event in ops[1:]:
+        if event["ts"] - reach >= min_ms * 1e3:
+            pauses.append(
+                {
+                    "at_ms": round((reach - origin) / 1e3, 1),
+                    "ms": round((event["ts"] - reach) / 1e3, 1),
+                    "after": last["name"][:60],
+                    "before": event["name"][:60],
+                }
+            )
+        if event["ts"] + event["dur"] > reach:
+            reach, last = event["ts"] + event["dur"], event
+    return {"ms_per_step": round(sum(p["ms"] for p in pauses) / steps, 1), "pauses": pauses}
+
+
+def read_trace(path: str, steps: int, top: int, pause_ms: float = 10.0) -> dict[str, Any]:
     events = load_events(path)
     gpu = [(round(e["ts"] * 1e3), round((e["ts"] + e["dur"]) * 1e3)) for e in events if e.get("cat") in GPU_WORK]
     threads = Counter(e["tid"] for e in events if e.get("cat") == "cuda_runtime")
@@ -80,6 +104,7 @@ def read_trace(path: str, steps: int, top: int) -> dict[str, Any]:
         "gpu_busy_ms_per_step": round(union_seconds(gpu) / steps * 1e3, 1),
         "host_ops": host_ops(host, steps, top),
         "host_waits": wait_sources(host, steps, top),
+        "host_pauses": host_pauses(host, steps, pause_ms),
     }
 
 
@@ -88,8 +113,9 @@ def main() -> None:
     parser.add_argument("trace")
     parser.add_argument("--steps", type=int, default=6, help="profiled steps in the trace")
     parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--pause-ms", type=float, default=10.0, help="shortest pause of the training thread listed")
     args = parser.parse_args()
-    print(json.dumps(read_trace(args.trace, args.steps, args.top), indent=1))
+    print(json.dumps(read_trace(args.trace, args.steps, args.top, args.pause_ms), indent=1))
 
 
 if __name__ == "__main__":

@@ -90,13 +90,19 @@ def test_a_trace_reading_names_the_slow_host_ops_and_what_each_wait_was_inside(t
         event("aten::to", "cpu_op", 10, 80),
         event("cudaStreamSynchronize", "cuda_runtime", 20, 60),
         event("aten::nonzero", "cpu_op", 200, 5000),
+        event("aten::add", "cpu_op", 7200, 10),
         event("gemm", "kernel", 0, 1000, tid=7),
         event("Optimizer.step", "gpu_user_annotation", 0, 9000, tid=7),  # a label on the GPU row, not work
     ]
     trace = tmp_path / "t.trace.json.gz"
     with gzip.open(trace, "wt") as handle:
         json.dump({"traceEvents": events}, handle)
-    reading = read_trace(str(trace), steps=1, top=5)
+    reading = read_trace(str(trace), steps=1, top=5, pause_ms=1.0)
     assert reading["gpu_busy_ms_per_step"] == 1.0
     assert reading["host_ops"][0]["name"] == "aten::nonzero" and reading["host_ops"][0]["max_ms"] == 5.0
     assert reading["host_waits"] == [{"inside": ["aten::index", "aten::to"], "per_step": 1.0, "ms_per_step": 0.1}]
+    # the thread ran nothing from 5.2 ms to 7.2 ms: one pause, between the nonzero and the next operation
+    assert reading["host_pauses"] == {
+        "ms_per_step": 2.0,
+        "pauses": [{"at_ms": 5.2, "ms": 2.0, "after": "aten::nonzero", "before": "aten::add"}],
+    }
