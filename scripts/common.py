@@ -6,8 +6,11 @@ import importlib.metadata
 import json
 import logging
 import os
+import pkgutil
 import socket
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +70,7 @@ def read_json(path: str | os.PathLike[str]) -> Any:
         return json.load(handle)
 
 
-# The rfdetr version whose private parts the workflow extends (scripts/train.py, scripts/matches_on_device.py).
+# The rfdetr version whose private parts the workflow extends (scripts/train.py and the speed extensions).
 SUPPORTED_RFDETR = "1.11.2"
 
 
@@ -82,6 +85,21 @@ def require_supported_rfdetr(what: str) -> None:
             f"{what} extends rfdetr {SUPPORTED_RFDETR}, but rfdetr {rfdetr_version()} is installed. "
             f"Install rfdetr=={SUPPORTED_RFDETR} (pip install -e . does)."
         )
+
+
+@contextmanager
+def patch_rfdetr(owner: str, name: str, wrap: Callable[[Any], Any], what: str) -> Iterator[None]:
+    """Within this block `owner.name` is `wrap(original)`, and the original afterwards. `owner` is a module or
+    "module:Class" path in rfdetr, looked up only once the installed rfdetr is the supported version, so another
+    version stops with what to do rather than with a failed import."""
+    require_supported_rfdetr(what)
+    target = pkgutil.resolve_name(owner)
+    original = getattr(target, name)
+    setattr(target, name, wrap(original))
+    try:
+        yield
+    finally:
+        setattr(target, name, original)
 
 
 CONFIG_ENV = "PIPELINE_CONFIG"

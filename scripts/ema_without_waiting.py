@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import itertools
 from collections import defaultdict
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
-from scripts.common import require_supported_rfdetr
+from scripts.common import patch_rfdetr
 
 
 class HostCounter:
@@ -50,11 +50,8 @@ def update_without_waiting(callback: Any, model: Any, count: int) -> None:
     import torch
 
     averaged = callback._average_model
-    if averaged.use_buffers:
-        mine = tensors_of(averaged.module, True)
-    else:
-        mine = list(averaged.parameters())
-    averaged_tensors = [tensor.detach() for tensor in mine]
+    # AveragedModel.parameters() are its module's: its own counter is a buffer, never averaged
+    averaged_tensors = [tensor.detach() for tensor in tensors_of(averaged.module, averaged.use_buffers)]
     model_tensors = [
         tensor.detach().to(own.device)
         for tensor, own in zip(tensors_of(model, averaged.use_buffers), averaged_tensors, strict=False)
@@ -97,15 +94,11 @@ def with_host_counter(original: Callable[..., None]) -> Callable[..., None]:
     return update_ema_for_step
 
 
-@contextmanager
-def ema_without_waiting() -> Iterator[None]:
+def ema_without_waiting() -> AbstractContextManager[None]:
     """Within this block, rfdetr's EMA callback updates without waiting for the GPU (see module doc)."""
-    require_supported_rfdetr("scripts/ema_without_waiting.py")
-    from rfdetr.training.callbacks.ema import RFDETREMACallback
-
-    original = RFDETREMACallback._update_ema_for_step
-    RFDETREMACallback._update_ema_for_step = with_host_counter(original)
-    try:
-        yield
-    finally:
-        RFDETREMACallback._update_ema_for_step = original
+    return patch_rfdetr(
+        "rfdetr.training.callbacks.ema:RFDETREMACallback",
+        "_update_ema_for_step",
+        with_host_counter,
+        "scripts/ema_without_waiting.py",
+    )

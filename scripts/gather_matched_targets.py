@@ -16,12 +16,12 @@ but the one it was checked against.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from itertools import accumulate
 from typing import Any
 
-from scripts.common import require_supported_rfdetr
+from scripts.common import patch_rfdetr
 
 
 class TargetsOfStep:
@@ -80,15 +80,11 @@ def batched_get_matched_targets(original: Callable[..., Any]) -> Callable[..., A
     return get_matched_targets
 
 
-@contextmanager
-def gather_matched_targets() -> Iterator[None]:
+def gather_matched_targets() -> AbstractContextManager[None]:
     """Within this block, rfdetr's loss gathers matched targets per layer at once (see module doc)."""
-    require_supported_rfdetr("scripts/gather_matched_targets.py")
-    from rfdetr.models.criterion import SetCriterion
-
-    original = SetCriterion._get_matched_targets
-    SetCriterion._get_matched_targets = batched_get_matched_targets(original)
-    try:
-        yield
-    finally:
-        SetCriterion._get_matched_targets = original
+    return patch_rfdetr(
+        "rfdetr.models.criterion:SetCriterion",
+        "_get_matched_targets",
+        batched_get_matched_targets,
+        "scripts/gather_matched_targets.py",
+    )

@@ -16,11 +16,11 @@ each call), so it refuses any rfdetr version but the one it was checked against 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
-from scripts.common import require_supported_rfdetr
+from scripts.common import patch_rfdetr
 
 Matches = list[list[tuple[Any, Any]]]  # per layer, per image: (query indices, target indices)
 
@@ -51,15 +51,8 @@ def on_device_of_costs(assign: Callable[..., Matches]) -> Callable[..., Matches]
     return assign_on_device
 
 
-@contextmanager
-def matches_on_device() -> Iterator[None]:
+def matches_on_device() -> AbstractContextManager[None]:
     """Within this block, rfdetr's batched matcher hands its indices to the loss on the GPU (see module doc)."""
-    require_supported_rfdetr("scripts/matches_on_device.py")
-    from rfdetr.models import _assignment
-
-    original = _assignment.assign_many_bucketed
-    _assignment.assign_many_bucketed = on_device_of_costs(original)
-    try:
-        yield
-    finally:
-        _assignment.assign_many_bucketed = original
+    return patch_rfdetr(
+        "rfdetr.models._assignment", "assign_many_bucketed", on_device_of_costs, "scripts/matches_on_device.py"
+    )

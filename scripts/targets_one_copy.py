@@ -16,11 +16,11 @@ one it was checked against.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
-from scripts.common import require_supported_rfdetr
+from scripts.common import patch_rfdetr
 
 
 def split_after_one_copy(packed: Any, device: Any, non_blocking: bool = False) -> list[dict[str, Any]]:
@@ -47,15 +47,11 @@ def to_list_in_one_copy_per_field(original: Callable[..., list[dict[str, Any]]])
     return to_list
 
 
-@contextmanager
-def targets_one_copy() -> Iterator[None]:
+def targets_one_copy() -> AbstractContextManager[None]:
     """Within this block, packed training targets reach the GPU in one copy per field (see module doc)."""
-    require_supported_rfdetr("scripts/targets_one_copy.py")
-    from rfdetr.utilities.tensors import PackedTargets
-
-    original = PackedTargets.to_list
-    PackedTargets.to_list = to_list_in_one_copy_per_field(original)
-    try:
-        yield
-    finally:
-        PackedTargets.to_list = original
+    return patch_rfdetr(
+        "rfdetr.utilities.tensors:PackedTargets",
+        "to_list",
+        to_list_in_one_copy_per_field,
+        "scripts/targets_one_copy.py",
+    )

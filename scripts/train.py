@@ -21,8 +21,8 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,9 +32,9 @@ from filelock import FileLock, Timeout
 from scripts.common import (
     StageError,
     log,
+    patch_rfdetr,
     pipeline_config,
     read_json,
-    require_supported_rfdetr,
     rfdetr_version,
     run_main,
     where_this_runs,
@@ -256,28 +256,24 @@ def single_node_ddp_plugins(gpus: int) -> list[Any]:
     return [LightningEnvironment()]
 
 
-@contextmanager
-def extra_callbacks(callbacks: list[Any], plugins: list[Any] | None = None) -> Iterator[None]:
+def extra_callbacks(callbacks: list[Any], plugins: list[Any] | None = None) -> AbstractContextManager[None]:
     """Add Lightning callbacks (and plugins) to the Trainer that rfdetr's `train()` builds.
 
     rfdetr 1.11.2 takes no callbacks argument; its `train()` imports `rfdetr.training.build_trainer` at call
     time, so wrapping that public function is enough. Checked against the exact version it was written for.
     """
-    require_supported_rfdetr("The workflow's trainer hook (scripts/train.py)")
-    import rfdetr.training as training
 
-    original = training.build_trainer
+    def with_callbacks(original: Callable[..., Any]) -> Callable[..., Any]:
+        def build_trainer(*args: Any, **kwargs: Any) -> Any:
+            trainer = original(*args, **kwargs, **({"plugins": plugins} if plugins else {}))
+            trainer.callbacks.extend(callbacks)
+            return trainer
 
-    def build_trainer(*args: Any, **kwargs: Any) -> Any:
-        trainer = original(*args, **kwargs, **({"plugins": plugins} if plugins else {}))
-        trainer.callbacks.extend(callbacks)
-        return trainer
+        return build_trainer
 
-    training.build_trainer = build_trainer
-    try:
-        yield
-    finally:
-        training.build_trainer = original
+    return patch_rfdetr(
+        "rfdetr.training", "build_trainer", with_callbacks, "The workflow's trainer hook (scripts/train.py)"
+    )
 
 
 def configure_compile_cache(cache_dir: Path) -> None:

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import copy
 
-import pytest
 import torch
 
-from scripts import common
 from scripts import ema_without_waiting as extension
-from scripts.common import StageError
 
 
 class Tiny(torch.nn.Module):
@@ -71,19 +68,3 @@ def test_a_counter_restored_between_updates_is_read_again():
     theirs = train_with_ema(steps, False, {9: checkpoint})
     assert int(theirs.n_averaged) == 3 + 2
     assert_same_average(ours, theirs)
-
-
-def test_rfdetrs_method_is_restored_after_the_block():
-    from rfdetr.training.callbacks.ema import RFDETREMACallback
-
-    original = RFDETREMACallback._update_ema_for_step
-    with extension.ema_without_waiting():
-        assert RFDETREMACallback._update_ema_for_step is not original
-    assert RFDETREMACallback._update_ema_for_step is original
-
-
-def test_another_rfdetr_version_is_refused_with_what_to_do(monkeypatch):
-    monkeypatch.setattr(common, "SUPPORTED_RFDETR", "0.0.1")
-    with pytest.raises(StageError, match=r"rfdetr==0\.0\.1"):
-        with extension.ema_without_waiting():
-            pass
