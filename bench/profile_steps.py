@@ -23,6 +23,7 @@ import contextlib
 import gc
 import json
 import os
+import resource
 import sys
 import time
 from collections import Counter, defaultdict
@@ -35,6 +36,20 @@ VARIANTS = {"stock": (None, None), "eager": (False, False), "eager_graphs": (Fal
 # Host-side CUDA calls that wait for the GPU (a blocking copy to the host is a cudaMemcpyAsync that waits too).
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
 LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC")
+
+
+def thread_usage_per_step(before: resource.struct_rusage, steps: int) -> dict[str, float]:
+    """This thread's context switches, page faults and CPU seconds since `before`, per step."""
+    after = resource.getrusage(resource.RUSAGE_THREAD)
+    fields = {
+        "involuntary_switches": "ru_nivcsw",
+        "voluntary_switches": "ru_nvcsw",
+        "minor_faults": "ru_minflt",
+        "major_faults": "ru_majflt",
+        "user_seconds": "ru_utime",
+        "system_seconds": "ru_stime",
+    }
+    return {name: round((getattr(after, f) - getattr(before, f)) / steps, 4) for name, f in fields.items()}
 
 
 def union_seconds(intervals: list[tuple[int, int]]) -> float:
@@ -128,6 +143,7 @@ def profile_callback(
             if self.step == self.timed_from:
                 sync()
                 self.timed_started = time.perf_counter()
+                self.thread_usage = resource.getrusage(resource.RUSAGE_THREAD)
                 gc.callbacks.append(self.time_gc)
             if self.step == start:
                 sync()
@@ -142,6 +158,9 @@ def profile_callback(
                         f"generation {g}": round(n / timed, 2) for g, n in sorted(self.gc_runs.items())
                     },
                     "garbage_collection_seconds_per_step": round(self.gc_seconds / timed, 4),
+                    # the training thread taken off its core (involuntary) or waiting (voluntary), per step
+                    "training_thread_per_step": thread_usage_per_step(self.thread_usage, timed),
+                    "load_average_1min": os.getloadavg()[0],
                 }
                 activities = [torch.profiler.ProfilerActivity.CPU]
                 if cuda:
@@ -232,6 +251,12 @@ def main() -> None:
     parser.add_argument(
         "--sync-debug", action="store_true", help="warn (file and line) where the profiled steps wait for the GPU"
     )
+    parser.add_argument(
+        "--nice-workers",
+        type=int,
+        default=0,
+        help="lower the loader workers' priority (scripts/nice_loader_workers.py)",
+    )
     parser.add_argument("--threads", type=int, help="torch.set_num_threads for the training process (default: torch's)")
     parser.add_argument("--trace", action="store_true", help="also write the profiled steps as <out>.trace.json.gz")
     args = parser.parse_args()
@@ -239,6 +264,7 @@ def main() -> None:
     from scripts.ema_without_waiting import ema_without_waiting
     from scripts.gather_matched_targets import gather_matched_targets
     from scripts.matches_on_device import matches_on_device
+    from scripts.nice_loader_workers import nice_loader_workers
     from scripts.targets_one_copy import targets_one_copy
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -252,6 +278,7 @@ def main() -> None:
     name += "+targets_one_copy" if args.targets_one_copy else ""
     name += "+gather_targets" if args.gather_targets else ""
     name += "+ema_without_waiting" if args.ema_without_waiting else ""
+    name += f"+nice{args.nice_workers}" if args.nice_workers else ""
     name += f"+threads{args.threads}" if args.threads else ""
     callback = profile_callback(args.start, args.steps, args.out, args.batch, name, args.trace, args.sync_debug)
     callback.result["host_threads"] = {"default": default_threads, "used": torch.get_num_threads()}
@@ -265,6 +292,7 @@ def main() -> None:
             extensions.enter_context(gather_matched_targets())
         if args.ema_without_waiting:
             extensions.enter_context(ema_without_waiting())
+        extensions.enter_context(nice_loader_workers(args.nice_workers))
         train_like_notebook(
             args.dataset, args.out.parent / f"run-{name}", 1, args.batch, callbacks, compile_, graphs, args.resolution
         )
