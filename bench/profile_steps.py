@@ -193,7 +193,16 @@ def profile_callback(
                 self.finish(wall)
 
         def finish(self, wall: float) -> None:
+            from rfdetr.models.matcher import HungarianMatcher
             from torch.autograd import DeviceType
+
+            flags = getattr(HungarianMatcher._match_many, "safety_flags", None)  # scripts/matching_without_waiting.py
+            if flags is not None:
+                self.result["matchings"] = {
+                    "queued": flags.steps,
+                    "left_to_rfdetr": flags.declined,
+                    "failed": flags.failed,
+                }
 
             # GPU activities: kernels, copies, memsets. Annotations shown on the GPU's timeline (Lightning's
             # "Optimizer.step" spans the whole step) are not work and are left out.
@@ -252,6 +261,16 @@ def main() -> None:
         "--sync-debug", action="store_true", help="warn (file and line) where the profiled steps wait for the GPU"
     )
     parser.add_argument(
+        "--matching-without-waiting",
+        action="store_true",
+        help="with the workflow's scripts/matching_without_waiting.py extension",
+    )
+    parser.add_argument(
+        "--static-graphs",
+        action="store_true",
+        help="compile with cuda_graphs=True and scripts/static_cuda_graphs.py (fixed-shape CUDA graph replay)",
+    )
+    parser.add_argument(
         "--nice-workers",
         type=int,
         default=0,
@@ -264,7 +283,9 @@ def main() -> None:
     from scripts.ema_without_waiting import ema_without_waiting
     from scripts.gather_matched_targets import gather_matched_targets
     from scripts.matches_on_device import matches_on_device
+    from scripts.matching_without_waiting import matching_without_waiting
     from scripts.nice_loader_workers import nice_loader_workers
+    from scripts.static_cuda_graphs import static_cuda_graphs_callback
     from scripts.targets_one_copy import targets_one_copy
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -278,6 +299,8 @@ def main() -> None:
     name += "+targets_one_copy" if args.targets_one_copy else ""
     name += "+gather_targets" if args.gather_targets else ""
     name += "+ema_without_waiting" if args.ema_without_waiting else ""
+    name += "+matching_without_waiting" if args.matching_without_waiting else ""
+    name += "+static_graphs" if args.static_graphs else ""
     name += f"+nice{args.nice_workers}" if args.nice_workers else ""
     name += f"+threads{args.threads}" if args.threads else ""
     callback = profile_callback(args.start, args.steps, args.out, args.batch, name, args.trace, args.sync_debug)
@@ -292,6 +315,11 @@ def main() -> None:
             extensions.enter_context(gather_matched_targets())
         if args.ema_without_waiting:
             extensions.enter_context(ema_without_waiting())
+        if args.matching_without_waiting:
+            extensions.enter_context(matching_without_waiting())
+        if args.static_graphs:
+            compile_, graphs = True, True
+            callbacks.insert(0, static_cuda_graphs_callback())
         extensions.enter_context(nice_loader_workers(args.nice_workers))
         train_like_notebook(
             args.dataset, args.out.parent / f"run-{name}", 1, args.batch, callbacks, compile_, graphs, args.resolution

@@ -8,7 +8,7 @@ import torch
 from scripts import matches_on_device as extension
 
 
-def tiny_detector_step(device: str, batch: int, tmp_path) -> tuple[object, dict, list[dict]]:
+def tiny_detector_step(device: str, batch: int, tmp_path, resolution: int = 128) -> tuple[object, dict, list[dict]]:
     """rfdetr's own Nano detector and loss, one training-mode forward on random images and boxes."""
     from rfdetr.config import RFDETRNanoConfig, TrainConfig
     from rfdetr.training.module_model import RFDETRModelModule
@@ -16,12 +16,12 @@ def tiny_detector_step(device: str, batch: int, tmp_path) -> tuple[object, dict,
 
     torch.manual_seed(0)
     module = RFDETRModelModule(
-        RFDETRNanoConfig(pretrain_weights=None, resolution=128, device=device),
+        RFDETRNanoConfig(pretrain_weights=None, resolution=resolution, device=device),
         TrainConfig(dataset_dir=str(tmp_path), output_dir=str(tmp_path)),
     )
     model = module.model.to(device).train()
-    pixels = torch.rand(batch, 3, 128, 128, device=device)
-    images = NestedTensor(pixels, torch.zeros(batch, 128, 128, dtype=torch.bool, device=device))
+    pixels = torch.rand(batch, 3, resolution, resolution, device=device)
+    images = NestedTensor(pixels, torch.zeros(batch, resolution, resolution, dtype=torch.bool, device=device))
     targets = [
         {"labels": torch.randint(0, 80, (n,), device=device), "boxes": torch.rand(n, 4, device=device) * 0.4 + 0.3}
         for n in [1 + i % 6 for i in range(batch)]
@@ -59,7 +59,7 @@ def test_the_loss_is_the_same_with_and_without_the_extension_on_the_cpu(tmp_path
 def solve_all_layers(criterion, outputs, targets):
     """rfdetr's batched matching of every decoder layer at once, as its loss calls it in a training step."""
     layers = [{k: v for k, v in outputs.items() if k not in ("aux_outputs", "enc_outputs")}]
-    layers += outputs["aux_outputs"] + [outputs["enc_outputs"]]
+    layers += outputs["aux_outputs"] + ([outputs["enc_outputs"]] if "enc_outputs" in outputs else [])
     matcher = criterion.matcher
     return type(matcher)._match_many(matcher, layers, targets, group_detr=criterion.group_detr)
 

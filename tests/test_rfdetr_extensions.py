@@ -12,6 +12,7 @@ from scripts.common import StageError
 from scripts.ema_without_waiting import ema_without_waiting
 from scripts.gather_matched_targets import gather_matched_targets
 from scripts.matches_on_device import matches_on_device
+from scripts.matching_without_waiting import matching_without_waiting
 from scripts.nice_loader_workers import nice_loader_workers
 from scripts.targets_one_copy import targets_one_copy
 from scripts.train import extra_callbacks
@@ -21,6 +22,8 @@ EXTENSIONS = [  # (the block, what it replaces)
     (matches_on_device, "rfdetr.models._assignment", "assign_many_bucketed"),
     (gather_matched_targets, "rfdetr.models.criterion:SetCriterion", "_get_matched_targets"),
     (ema_without_waiting, "rfdetr.training.callbacks.ema:RFDETREMACallback", "_update_ema_for_step"),
+    (matching_without_waiting, "rfdetr.models.matcher:HungarianMatcher", "_match_many"),
+    (matching_without_waiting, "rfdetr.models.criterion:SetCriterion", "num_boxes_for_targets"),
     (lambda: nice_loader_workers(10), "rfdetr.training.module_data", "_worker_init_fn"),
     (lambda: extra_callbacks([]), "rfdetr.training", "build_trainer"),
 ]
