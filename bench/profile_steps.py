@@ -266,6 +266,9 @@ def main() -> None:
         help="with the workflow's scripts/matching_without_waiting.py extension",
     )
     parser.add_argument(
+        "--lr-on-device", action="store_true", help="with the workflow's scripts/lr_log_on_device.py extension"
+    )
+    parser.add_argument(
         "--static-graphs",
         action="store_true",
         help="compile with cuda_graphs=True and scripts/static_cuda_graphs.py (fixed-shape CUDA graph replay)",
@@ -282,6 +285,7 @@ def main() -> None:
     from bench.stock_recipe import train_like_notebook
     from scripts.ema_without_waiting import ema_without_waiting
     from scripts.gather_matched_targets import gather_matched_targets
+    from scripts.lr_log_on_device import lr_log_on_device
     from scripts.matches_on_device import matches_on_device
     from scripts.matching_without_waiting import matching_without_waiting
     from scripts.nice_loader_workers import nice_loader_workers
@@ -300,6 +304,7 @@ def main() -> None:
     name += "+gather_targets" if args.gather_targets else ""
     name += "+ema_without_waiting" if args.ema_without_waiting else ""
     name += "+matching_without_waiting" if args.matching_without_waiting else ""
+    name += "+lr_on_device" if args.lr_on_device else ""
     name += "+static_graphs" if args.static_graphs else ""
     name += f"+nice{args.nice_workers}" if args.nice_workers else ""
     name += f"+threads{args.threads}" if args.threads else ""
@@ -317,6 +322,8 @@ def main() -> None:
             extensions.enter_context(ema_without_waiting())
         if args.matching_without_waiting:
             extensions.enter_context(matching_without_waiting())
+        if args.lr_on_device:
+            extensions.enter_context(lr_log_on_device())
         if args.static_graphs:
             compile_, graphs = True, True
             callbacks.insert(0, static_cuda_graphs_callback())

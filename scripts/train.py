@@ -43,8 +43,12 @@ from scripts.common import (
 from scripts.ema_without_waiting import ema_without_waiting
 from scripts.gather_matched_targets import gather_matched_targets
 from scripts.gpu_profiles import Device, detect_device, resolve_profile, settle_profile
+from scripts.lr_log_on_device import lr_log_on_device
 from scripts.matches_on_device import matches_on_device
+from scripts.matching_without_waiting import matching_without_waiting
+from scripts.nice_loader_workers import nice_loader_workers
 from scripts.stage import remove_staged
+from scripts.static_cuda_graphs import static_cuda_graphs_callback
 from scripts.targets_one_copy import targets_one_copy
 from scripts.verify_counts import count_images
 
@@ -394,7 +398,9 @@ def set_host_threads(threads: int, device: Device) -> None:
     log.info("Host threads of the training process: %d", torch.get_num_threads())
 
 
-def run_rfdetr(recipe: Mapping[str, Any], profile: Mapping[str, Any], kwargs: dict[str, Any], end: int) -> None:
+def run_rfdetr(
+    recipe: Mapping[str, Any], profile: Mapping[str, Any], kwargs: dict[str, Any], end: int, loader_niceness: int = 0
+) -> None:
     """rfdetr's train() with our callbacks; a SIGTERM (a scheduler, a user) becomes a clear error."""
     import pytorch_lightning as pl
     from pytorch_lightning.utilities.exceptions import SIGTERMException
@@ -405,17 +411,22 @@ def run_rfdetr(recipe: Mapping[str, Any], profile: Mapping[str, Any], kwargs: di
     pl.seed_everything(recipe["seed"], workers=True)
     model = RFDETRNano(pretrain_weights=None, compile=profile["compile"], cuda_graphs=profile["cuda_graphs"])
     callbacks = lightning_callbacks(end, Path(kwargs["output_dir"]) / "epochs.jsonl")
+    if profile["compile"] and profile["cuda_graphs"]:  # for a fixed input shape, graphs of that one shape
+        callbacks.insert(0, static_cuda_graphs_callback())
     try:
-        # Same values, less host work (and fewer waits for the GPU) per step: the targets reach the GPU in one copy
-        # per field, the loss gets the matcher's indices on the GPU and gathers its matched targets per layer at
-        # once, and the EMA update does not wait for the GPU (scripts/targets_one_copy.py, matches_on_device.py,
-        # gather_matched_targets.py, ema_without_waiting.py; measurements in BENCHMARKS.md).
+        # Same values, less host work and no waits for the GPU within a step: the targets reach the GPU in one copy
+        # per field; matching, the loss's box count, the learning-rate log and the EMA update are queued without
+        # reading anything back; the loss gathers its matched targets per layer at once; the loader workers yield
+        # their cores to this process (scripts/<name>.py for each; measurements in BENCHMARKS.md).
         with (
             extra_callbacks(callbacks, single_node_ddp_plugins(recipe["gpus"])),
             targets_one_copy(),
             matches_on_device(),
+            matching_without_waiting(),
             gather_matched_targets(),
             ema_without_waiting(),
+            lr_log_on_device(),
+            nice_loader_workers(loader_niceness),
         ):
             model.train(**kwargs)
     except SIGTERMException as stop:  # Lightning's SystemExit, which would otherwise exit with status 0
@@ -458,7 +469,7 @@ def train_block(args: argparse.Namespace, settings: Mapping[str, Any]) -> None:
         if plan.checkpoint is not None:
             kwargs["resume"] = str(plan.checkpoint)
         set_host_threads(train["host_threads"], device)
-        run_rfdetr(recipe, profile, kwargs, end)
+        run_rfdetr(recipe, profile, kwargs, end, train["loader_niceness"])
     if not main_rank:
         return
     if checkpoint_epoch(state_last) + 1 != end:

@@ -11,6 +11,7 @@ from scripts import common
 from scripts.common import StageError
 from scripts.ema_without_waiting import ema_without_waiting
 from scripts.gather_matched_targets import gather_matched_targets
+from scripts.lr_log_on_device import lr_log_on_device
 from scripts.matches_on_device import matches_on_device
 from scripts.matching_without_waiting import matching_without_waiting
 from scripts.nice_loader_workers import nice_loader_workers
@@ -24,6 +25,7 @@ EXTENSIONS = [  # (the block, what it replaces)
     (ema_without_waiting, "rfdetr.training.callbacks.ema:RFDETREMACallback", "_update_ema_for_step"),
     (matching_without_waiting, "rfdetr.models.matcher:HungarianMatcher", "_match_many"),
     (matching_without_waiting, "rfdetr.models.criterion:SetCriterion", "num_boxes_for_targets"),
+    (lr_log_on_device, "rfdetr.training.module_model:RFDETRModelModule", "_log_learning_rates"),
     (lambda: nice_loader_workers(10), "rfdetr.training.module_data", "_worker_init_fn"),
     (lambda: extra_callbacks([]), "rfdetr.training", "build_trainer"),
 ]
