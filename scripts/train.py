@@ -48,7 +48,6 @@ from scripts.matches_on_device import matches_on_device
 from scripts.matching_without_waiting import matching_without_waiting
 from scripts.nice_loader_workers import nice_loader_workers
 from scripts.stage import remove_staged
-from scripts.static_cuda_graphs import static_cuda_graphs_callback
 from scripts.targets_one_copy import targets_one_copy
 from scripts.verify_counts import count_images
 
@@ -411,8 +410,6 @@ def run_rfdetr(
     pl.seed_everything(recipe["seed"], workers=True)
     model = RFDETRNano(pretrain_weights=None, compile=profile["compile"], cuda_graphs=profile["cuda_graphs"])
     callbacks = lightning_callbacks(end, Path(kwargs["output_dir"]) / "epochs.jsonl")
-    if profile["compile"] and profile["cuda_graphs"]:  # for a fixed input shape, graphs of that one shape
-        callbacks.insert(0, static_cuda_graphs_callback())
     try:
         # Same values, less host work and no waits for the GPU within a step: the targets reach the GPU in one copy
         # per field; matching, the loss's box count, the learning-rate log and the EMA update are queued without
