@@ -271,7 +271,7 @@ def main() -> None:
     parser.add_argument(
         "--static-graphs",
         action="store_true",
-        help="compile with cuda_graphs=True and scripts/static_cuda_graphs.py (fixed-shape CUDA graph replay)",
+        help="compile with cuda_graphs=True and bench/static_cuda_graphs.py (fixed-shape CUDA graph replay)",
     )
     parser.add_argument(
         "--nice-workers",
@@ -282,6 +282,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, help="torch.set_num_threads for the training process (default: torch's)")
     parser.add_argument("--trace", action="store_true", help="also write the profiled steps as <out>.trace.json.gz")
     args = parser.parse_args()
+    from bench.static_cuda_graphs import static_cuda_graphs_callback
     from bench.stock_recipe import train_like_notebook
     from scripts.ema_without_waiting import ema_without_waiting
     from scripts.gather_matched_targets import gather_matched_targets
@@ -289,7 +290,6 @@ def main() -> None:
     from scripts.matches_on_device import matches_on_device
     from scripts.matching_without_waiting import matching_without_waiting
     from scripts.nice_loader_workers import nice_loader_workers
-    from scripts.static_cuda_graphs import static_cuda_graphs_callback
     from scripts.targets_one_copy import targets_one_copy
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
