@@ -106,7 +106,8 @@ def matches_from_assignment(assignment: Any, sizes: list[int], group_width: int,
 def solve(stacked: Any) -> Any:
     """torch-hungarian's answer for a batch of problems. On a GPU its Triton solver is called without the checks
     that read flags back (NaN costs, which `finite_costs` has removed; infeasible problems, which finite costs
-    with at least as many queries as targets cannot be); elsewhere its public function."""
+    with at least as many queries as targets cannot be); elsewhere its public function. These are private parts of
+    torch-hungarian 0.1.0rc0, the version rfdetr 1.11.2's train extra pins exactly (the rfdetr check covers it)."""
     import torch_linear_assignment
     from torch_linear_assignment import assignment as public
 
