@@ -16,10 +16,10 @@ launched changes. It touches rfdetr's module (`model`, `criterion.enable_compile
 any rfdetr version but the one it was checked against.
 
 Measured on an H200 (BENCHMARKS.md): no gain while rfdetr's matcher made the host wait (fourth session); with the
-matcher's waits gone (`scripts/matching_without_waiting.py`) +4.3 % side by side, and with the learning-rate log's
-wait gone too (`scripts/lr_log_on_device.py`) the fastest variant measured, 1.64× the notebook's recipe mid-epoch
-(fifth session). The workflow's train stage does not use it yet: its path through validation, the EMA model and
-checkpoints has not run on a GPU.
+matcher's waits gone (`scripts/matching_without_waiting.py`) +8.0 % (successive pairs), and with the learning-rate
+log's wait gone too (`scripts/lr_log_on_device.py`) the fastest variant measured, 1.64× the notebook's recipe
+mid-epoch (fifth session). The workflow's train stage does not use it yet: its path through validation, the EMA
+model and checkpoints has not run on a GPU.
 """
 
 from __future__ import annotations
