@@ -102,6 +102,14 @@ def patch_rfdetr(owner: str, name: str, wrap: Callable[[Any], Any], what: str) -
         setattr(target, name, original)
 
 
+def send_without_waiting(host: Any, device: Any) -> Any:
+    """`host` (a CPU tensor) on `device`. To a GPU it goes from pinned memory without blocking, so the host does not
+    wait for the work already queued there; the tensor must not be changed afterwards."""
+    if str(device).startswith("cuda"):
+        host = host.pin_memory()
+    return host.to(device, non_blocking=True)
+
+
 CONFIG_ENV = "PIPELINE_CONFIG"
 
 

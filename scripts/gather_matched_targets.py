@@ -21,7 +21,7 @@ from contextlib import AbstractContextManager
 from itertools import accumulate
 from typing import Any
 
-from scripts.common import patch_rfdetr
+from scripts.common import patch_rfdetr, send_without_waiting
 
 
 class TargetsOfStep:
@@ -59,9 +59,7 @@ def gather(targets: list[dict[str, Any]], indices: list[tuple[Any, Any]], step: 
     source = torch.cat([source for source, _ in indices])
     target_rows = torch.cat([rows for _, rows in indices])
     positions = match_positions(indices, [target["labels"].shape[0] for target in targets])
-    if source.is_cuda:
-        positions = positions.pin_memory()
-    image, first_row = positions.to(source.device, non_blocking=True)
+    image, first_row = send_without_waiting(positions, source.device)
     labels, boxes = step.concatenated(targets)
     rows = target_rows + first_row
     return {"source_indices": (image.to(source.dtype), source), "labels": labels[rows], "boxes": boxes[rows]}

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
-from scripts.common import patch_rfdetr
+from scripts.common import patch_rfdetr, send_without_waiting
 
 Matches = list[list[tuple[Any, Any]]]  # per layer, per image: (query indices, target indices)
 
@@ -33,10 +33,7 @@ def move_matches(matches: Matches, device: Any) -> Matches:
     flat = [indices for layer in matches for pair in layer for indices in pair]
     if not flat:
         return matches
-    joined = torch.cat(flat)
-    if torch.device(device).type == "cuda":
-        joined = joined.pin_memory()
-    pieces = iter(joined.to(device, non_blocking=True).split([indices.numel() for indices in flat]))
+    pieces = iter(send_without_waiting(torch.cat(flat), device).split([indices.numel() for indices in flat]))
     return [[(next(pieces), next(pieces)) for _ in layer] for layer in matches]
 
 

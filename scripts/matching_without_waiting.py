@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
-from scripts.common import patch_rfdetr
+from scripts.common import patch_rfdetr, send_without_waiting
 
 log = logging.getLogger(__name__)
 WHAT = "scripts/matching_without_waiting.py"
@@ -84,9 +84,7 @@ def matches_from_assignment(assignment: Any, sizes: list[int], group_width: int,
     kept = torch.arange(max_size).expand(problems, max_size) < size_per_problem.unsqueeze(1)
     positions = torch.nonzero(kept.reshape(-1)).squeeze(1)
     host = torch.cat([size_per_problem, group_offset, positions])
-    if assignment.is_cuda:
-        host = host.pin_memory()
-    size_per_problem, group_offset, positions = host.to(assignment.device, non_blocking=True).split(
+    size_per_problem, group_offset, positions = send_without_waiting(host, assignment.device).split(
         [problems, problems, positions.numel()]
     )
     real_first = torch.argsort((cols >= size_per_problem.unsqueeze(1)).to(torch.int8), dim=1, stable=True)
