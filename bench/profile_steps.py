@@ -2,8 +2,8 @@
 
 usage: python -m bench.profile_steps --dataset DIR --out FILE.json [--batch 128] [--start 30] [--steps 6]
            [--variant stock|eager|eager_graphs] [--matches-on-device] [--targets-one-copy] [--gather-targets]
-           [--ema-without-waiting] [--sync-debug]
-           [--threads N] [--resolution N] [--trace]
+           [--ema-without-waiting] [--matching-without-waiting] [--lr-on-device] [--static-graphs]
+           [--nice-workers N] [--threads N] [--sync-debug] [--resolution N] [--trace]
 
 Runs the notebook's `train()` call (bench.stock_recipe). Steps [start - 2*steps, start) are timed with no profiler
 (the rate a user gets); steps [start, start + steps) run under torch.profiler. Then it writes, per step: wall
@@ -23,6 +23,7 @@ import contextlib
 import gc
 import json
 import os
+import pkgutil
 import resource
 import sys
 import time
@@ -33,6 +34,15 @@ from typing import Any
 from scripts.common import run_main
 
 VARIANTS = {"stock": (None, None), "eager": (False, False), "eager_graphs": (False, True)}
+# The workflow's extensions of rfdetr: each a flag (--matches-on-device, ...) and a part of the variant's name.
+EXTENSIONS = {
+    "matches_on_device": "scripts.matches_on_device:matches_on_device",
+    "targets_one_copy": "scripts.targets_one_copy:targets_one_copy",
+    "gather_targets": "scripts.gather_matched_targets:gather_matched_targets",
+    "ema_without_waiting": "scripts.ema_without_waiting:ema_without_waiting",
+    "matching_without_waiting": "scripts.matching_without_waiting:matching_without_waiting",
+    "lr_on_device": "scripts.lr_log_on_device:lr_log_on_device",
+}
 # Host-side CUDA calls that wait for the GPU (a blocking copy to the host is a cudaMemcpyAsync that waits too).
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
 LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC")
@@ -245,28 +255,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--variant", choices=sorted(VARIANTS), default="stock")
     parser.add_argument("--resolution", type=int, help="leave unset for the notebook's 384 px")
-    parser.add_argument(
-        "--matches-on-device", action="store_true", help="with the workflow's scripts/matches_on_device.py extension"
-    )
-    parser.add_argument(
-        "--targets-one-copy", action="store_true", help="with the workflow's scripts/targets_one_copy.py extension"
-    )
-    parser.add_argument(
-        "--gather-targets", action="store_true", help="with the workflow's scripts/gather_matched_targets.py extension"
-    )
-    parser.add_argument(
-        "--ema-without-waiting", action="store_true", help="with the workflow's scripts/ema_without_waiting.py"
-    )
+    for name, block in EXTENSIONS.items():
+        parser.add_argument(f"--{name.replace('_', '-')}", action="store_true", help=f"with the workflow's {block}")
     parser.add_argument(
         "--sync-debug", action="store_true", help="warn (file and line) where the profiled steps wait for the GPU"
-    )
-    parser.add_argument(
-        "--matching-without-waiting",
-        action="store_true",
-        help="with the workflow's scripts/matching_without_waiting.py extension",
-    )
-    parser.add_argument(
-        "--lr-on-device", action="store_true", help="with the workflow's scripts/lr_log_on_device.py extension"
     )
     parser.add_argument(
         "--static-graphs",
@@ -284,13 +276,7 @@ def main() -> None:
     args = parser.parse_args()
     from bench.static_cuda_graphs import static_cuda_graphs_callback
     from bench.stock_recipe import train_like_notebook
-    from scripts.ema_without_waiting import ema_without_waiting
-    from scripts.gather_matched_targets import gather_matched_targets
-    from scripts.lr_log_on_device import lr_log_on_device
-    from scripts.matches_on_device import matches_on_device
-    from scripts.matching_without_waiting import matching_without_waiting
     from scripts.nice_loader_workers import nice_loader_workers
-    from scripts.targets_one_copy import targets_one_copy
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     compile_, graphs = VARIANTS[args.variant]
@@ -299,12 +285,8 @@ def main() -> None:
     default_threads = torch.get_num_threads()
     if args.threads:
         torch.set_num_threads(args.threads)
-    name = args.variant + ("+matches_on_device" if args.matches_on_device else "")
-    name += "+targets_one_copy" if args.targets_one_copy else ""
-    name += "+gather_targets" if args.gather_targets else ""
-    name += "+ema_without_waiting" if args.ema_without_waiting else ""
-    name += "+matching_without_waiting" if args.matching_without_waiting else ""
-    name += "+lr_on_device" if args.lr_on_device else ""
+    chosen = [name for name in EXTENSIONS if getattr(args, name)]
+    name = "+".join([args.variant, *chosen])
     name += "+static_graphs" if args.static_graphs else ""
     name += f"+nice{args.nice_workers}" if args.nice_workers else ""
     name += f"+threads{args.threads}" if args.threads else ""
@@ -312,18 +294,8 @@ def main() -> None:
     callback.result["host_threads"] = {"default": default_threads, "used": torch.get_num_threads()}
     callbacks = [callback]
     with contextlib.ExitStack() as extensions:
-        if args.matches_on_device:
-            extensions.enter_context(matches_on_device())
-        if args.targets_one_copy:
-            extensions.enter_context(targets_one_copy())
-        if args.gather_targets:
-            extensions.enter_context(gather_matched_targets())
-        if args.ema_without_waiting:
-            extensions.enter_context(ema_without_waiting())
-        if args.matching_without_waiting:
-            extensions.enter_context(matching_without_waiting())
-        if args.lr_on_device:
-            extensions.enter_context(lr_log_on_device())
+        for extension in chosen:
+            extensions.enter_context(pkgutil.resolve_name(EXTENSIONS[extension])())
         if args.static_graphs:
             compile_, graphs = True, True
             callbacks.insert(0, static_cuda_graphs_callback())
