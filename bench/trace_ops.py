@@ -1,13 +1,14 @@
 """Read a trace written by `bench.profile_steps --trace`: GPU-busy time, the slowest host operations, and what
 makes the host wait for the GPU.
 
-usage: python -m bench.trace_ops TRACE.trace.json.gz [--steps 6] [--top 15] [--pause-ms 10]
+usage: python -m bench.trace_ops TRACE.trace.json.gz [--steps 6] [--top 15] [--pause-ms 10] [--idle-ms 2]
 
 Looks at the thread that launches the most CUDA work (the training loop). For each operation name: calls per
 step, median and largest duration, total per step. For each `cudaStreamSynchronize`: the chain of operations
 around it (innermost four), so a wait can be traced to the code that caused it. Pauses: stretches of at least
 --pause-ms in which the training thread ran no operation at all (it waited for the backward pass, which runs on
-its own thread, or was held off the interpreter by another thread), with the operations before and after.
+its own thread, or was held off the interpreter by another thread), with the operations before and after. GPU
+idle: stretches of at least --idle-ms without GPU work, with the operations the training thread started in each.
 """
 
 from __future__ import annotations
@@ -93,7 +94,35 @@ def host_pauses(events: list[dict[str, Any]], steps: int, min_ms: float) -> dict
     return {"ms_per_step": round(sum(p["ms"] for p in pauses) / steps, 1), "pauses": pauses}
 
 
-def read_trace(path: str, steps: int, top: int, pause_ms: float = 10.0) -> dict[str, Any]:
+def gpu_idle_stretches(
+    gpu: list[tuple[float, float]], host: list[dict[str, Any]], steps: int, min_ms: float
+) -> dict[str, Any]:
+    """Stretches of at least `min_ms` in which the GPU ran nothing (between its first and last work), each with
+    the training thread's operations that started in it, most frequent first: what the host did meanwhile."""
+    merged: list[list[float]] = []
+    for start, end in sorted(gpu):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    ops = sorted((e for e in host if e.get("cat") == "cpu_op"), key=lambda e: e["ts"])
+    starts = [e["ts"] for e in ops]
+    stretches = []
+    for (_, idle_from), (idle_to, _) in zip(merged, merged[1:], strict=False):
+        if idle_to - idle_from < min_ms * 1e3:
+            continue
+        inside = ops[bisect.bisect_left(starts, idle_from) : bisect.bisect_left(starts, idle_to)]
+        stretches.append(
+            {
+                "at_ms": round((idle_from - merged[0][0]) / 1e3, 1),
+                "ms": round((idle_to - idle_from) / 1e3, 1),
+                "host_ops": [f"{n} x{c}" for n, c in Counter(e["name"][:40] for e in inside).most_common(4)],
+            }
+        )
+    return {"ms_per_step": round(sum(s["ms"] for s in stretches) / steps, 1), "stretches": stretches}
+
+
+def read_trace(path: str, steps: int, top: int, pause_ms: float = 10.0, idle_ms: float = 2.0) -> dict[str, Any]:
     events = load_events(path)
     gpu = [(round(e["ts"] * 1e3), round((e["ts"] + e["dur"]) * 1e3)) for e in events if e.get("cat") in GPU_WORK]
     threads = Counter(e["tid"] for e in events if e.get("cat") == "cuda_runtime")
@@ -105,6 +134,9 @@ def read_trace(path: str, steps: int, top: int, pause_ms: float = 10.0) -> dict[
         "host_ops": host_ops(host, steps, top),
         "host_waits": wait_sources(host, steps, top),
         "host_pauses": host_pauses(host, steps, pause_ms),
+        "gpu_idle": gpu_idle_stretches(
+            [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") in GPU_WORK], host, steps, idle_ms
+        ),
     }
 
 
@@ -114,8 +146,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6, help="profiled steps in the trace")
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--pause-ms", type=float, default=10.0, help="shortest pause of the training thread listed")
+    parser.add_argument("--idle-ms", type=float, default=2.0, help="shortest stretch without GPU work listed")
     args = parser.parse_args()
-    print(json.dumps(read_trace(args.trace, args.steps, args.top, args.pause_ms), indent=1))
+    print(json.dumps(read_trace(args.trace, args.steps, args.top, args.pause_ms, args.idle_ms), indent=1))
 
 
 if __name__ == "__main__":

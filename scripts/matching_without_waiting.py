@@ -5,9 +5,8 @@ cost matrices on the GPU, then reads a safety flag on the host (`bool(...)`), so
 torch-hungarian's Triton solver, which reads two more flags (NaN costs, infeasible problems), and copies the
 assignment to the host to cut it into per-image index pairs. Each read waits for all work queued on the GPU. The
 first one waits for the forward pass; after it the GPU has nothing to do until the host has unpacked the assignment,
-built the loss and started the backward pass: about 31 ms per step on an H200 at batch 128 (trace in
-BENCHMARKS.md). The loss's box count (`SetCriterion.num_boxes_for_targets`) is one more wait: a Python number
-copied to the GPU.
+built the loss and started the backward pass. The loss's box count (`SetCriterion.num_boxes_for_targets`) is one
+more wait: a Python number copied to the GPU.
 
 `matching_without_waiting()` replaces both with code that queues the same work and reads nothing back:
 
@@ -25,9 +24,9 @@ Batches the batched path does not take (a single image, masks, keypoints, layers
 than a query group) go to rfdetr's own code unchanged. It replaces private rfdetr methods, so it refuses any rfdetr
 version but the one it was checked against.
 
-Measured on an H200 (BENCHMARKS.md, fifth session): on its own no faster, because the host, not the waits, sets
-the pace of that stretch (it builds the loss for 35-40 ms after the forward pass); it is part of the fastest
-variant measured, with `lr_log_on_device` and CUDA graphs.
+Measured on an H200 (BENCHMARKS.md, fifth session): on its own no faster. The GPU's idle stretch after the forward
+pass stayed, and the training thread starts almost no operation in it; it is part of the fastest variant measured,
+with `lr_log_on_device` and CUDA graphs.
 """
 
 from __future__ import annotations

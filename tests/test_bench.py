@@ -97,7 +97,7 @@ def test_a_trace_reading_names_the_slow_host_ops_and_what_each_wait_was_inside(t
     trace = tmp_path / "t.trace.json.gz"
     with gzip.open(trace, "wt") as handle:
         json.dump({"traceEvents": events}, handle)
-    reading = read_trace(str(trace), steps=1, top=5, pause_ms=1.0)
+    reading = read_trace(str(trace), steps=1, top=5, pause_ms=1.0, idle_ms=1.0)
     assert reading["gpu_busy_ms_per_step"] == 1.0
     assert reading["host_ops"][0]["name"] == "aten::nonzero" and reading["host_ops"][0]["max_ms"] == 5.0
     assert reading["host_waits"] == [{"inside": ["aten::index", "aten::to"], "per_step": 1.0, "ms_per_step": 0.1}]
@@ -105,6 +105,23 @@ def test_a_trace_reading_names_the_slow_host_ops_and_what_each_wait_was_inside(t
     assert reading["host_pauses"] == {
         "ms_per_step": 2.0,
         "pauses": [{"at_ms": 5.2, "ms": 2.0, "after": "aten::nonzero", "before": "aten::add"}],
+    }
+    assert reading["gpu_idle"] == {"ms_per_step": 0.0, "stretches": []}  # one kernel: no stretch between work
+
+
+def test_gpu_idle_stretches_name_what_the_host_started_meanwhile():
+    from bench.trace_ops import gpu_idle_stretches
+
+    def op(name: str, ts: float) -> dict:
+        return {"name": name, "cat": "cpu_op", "ts": ts, "dur": 10}
+
+    gpu = [(0, 1000), (500, 2000), (2500, 3000), (8000, 9000)]  # microseconds; the first two overlap
+    host = [op("aten::select", 3100), op("aten::select", 3200), op("aten::copy_", 4000), op("aten::add", 8500)]
+    reading = gpu_idle_stretches(gpu, host, steps=1, min_ms=1.0)
+    # the 0.5 ms gap at 2.0 ms is left out; the 5 ms one at 3.0 ms is listed with what the host started in it
+    assert reading == {
+        "ms_per_step": 5.0,
+        "stretches": [{"at_ms": 3.0, "ms": 5.0, "host_ops": ["aten::select x2", "aten::copy_ x1"]}],
     }
 
 
