@@ -42,6 +42,7 @@ EXTENSIONS = {
     "ema_without_waiting": "scripts.ema_without_waiting:ema_without_waiting",
     "matching_without_waiting": "scripts.matching_without_waiting:matching_without_waiting",
     "lr_on_device": "scripts.lr_log_on_device:lr_log_on_device",
+    "images_as_bytes": "scripts.images_as_bytes:images_as_bytes",
 }
 # Host-side CUDA calls that wait for the GPU (a blocking copy to the host is a cudaMemcpyAsync that waits too).
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
@@ -263,7 +264,7 @@ def main() -> None:
     parser.add_argument(
         "--static-graphs",
         action="store_true",
-        help="compile with cuda_graphs=True and bench/static_cuda_graphs.py (fixed-shape CUDA graph replay)",
+        help="compile with cuda_graphs=True and scripts/static_cuda_graphs.py (fixed-shape CUDA graph replay)",
     )
     parser.add_argument(
         "--nice-workers",
@@ -274,9 +275,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, help="torch.set_num_threads for the training process (default: torch's)")
     parser.add_argument("--trace", action="store_true", help="also write the profiled steps as <out>.trace.json.gz")
     args = parser.parse_args()
-    from bench.static_cuda_graphs import static_cuda_graphs_callback
     from bench.stock_recipe import train_like_notebook
     from scripts.nice_loader_workers import nice_loader_workers
+    from scripts.static_cuda_graphs import static_cuda_graphs_callback
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     compile_, graphs = VARIANTS[args.variant]

@@ -152,8 +152,12 @@ def settle_profile(
     train: Mapping[str, Any],
     te_problem: Callable[[], str | None] = transformer_engine_problem,
 ) -> tuple[dict[str, Any], str]:
-    """Check the FP8 route before training starts: error, or fall back to compiled bf16 if configured."""
+    """Check the FP8 route before training starts: error, or fall back to compiled bf16 if configured. Inductor's
+    CUDA graphs run on one GPU without gradient accumulation only (rfdetr stops otherwise): off for other runs."""
     if profile["precision"] != "fp8":
+        if profile["cuda_graphs"] and (train.get("gpus", 1) != 1 or train.get("grad_accum_steps", 1) != 1):
+            profile = {**profile, "cuda_graphs": False}
+            reason += "; cuda_graphs off: CUDA graph replay needs train.gpus: 1 and train.grad_accum_steps: 1"
         return profile, reason
     problems = fp8_route_problems(device, train, te_problem)
     if not problems:

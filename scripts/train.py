@@ -43,11 +43,13 @@ from scripts.common import (
 from scripts.ema_without_waiting import ema_without_waiting
 from scripts.gather_matched_targets import gather_matched_targets
 from scripts.gpu_profiles import Device, detect_device, resolve_profile, settle_profile
+from scripts.images_as_bytes import images_as_bytes
 from scripts.lr_log_on_device import lr_log_on_device
 from scripts.matches_on_device import matches_on_device
 from scripts.matching_without_waiting import matching_without_waiting
 from scripts.nice_loader_workers import nice_loader_workers
 from scripts.stage import remove_staged
+from scripts.static_cuda_graphs import static_cuda_graphs_callback
 from scripts.targets_one_copy import targets_one_copy
 from scripts.verify_counts import count_images
 
@@ -410,11 +412,14 @@ def run_rfdetr(
     pl.seed_everything(recipe["seed"], workers=True)
     model = RFDETRNano(pretrain_weights=None, compile=profile["compile"], cuda_graphs=profile["cuda_graphs"])
     callbacks = lightning_callbacks(end, Path(kwargs["output_dir"]) / "epochs.jsonl")
+    if profile["compile"] and profile["cuda_graphs"]:
+        callbacks.append(static_cuda_graphs_callback())
     try:
         # Same values, less host work and no waits for the GPU within a step: the targets reach the GPU in one copy
         # per field; matching, the loss's box count, the learning-rate log and the EMA update are queued without
         # reading anything back; the loss gathers its matched targets per layer at once; the loader workers yield
-        # their cores to this process (scripts/<name>.py for each; measurements in BENCHMARKS.md).
+        # their cores to this process and hand over images as bytes, normalised on the GPU (scripts/<name>.py for
+        # each; measurements in BENCHMARKS.md).
         with (
             extra_callbacks(callbacks, single_node_ddp_plugins(recipe["gpus"])),
             targets_one_copy(),
@@ -424,6 +429,7 @@ def run_rfdetr(
             ema_without_waiting(),
             lr_log_on_device(),
             nice_loader_workers(loader_niceness),
+            images_as_bytes(),
         ):
             model.train(**kwargs)
     except SIGTERMException as stop:  # Lightning's SystemExit, which would otherwise exit with status 0

@@ -123,19 +123,3 @@ def test_gpu_idle_stretches_name_what_the_host_started_meanwhile():
         "ms_per_step": 5.0,
         "stretches": [{"at_ms": 3.0, "ms": 5.0, "host_ops": ["aten::select x2", "aten::copy_ x1"]}],
     }
-
-
-def test_static_graphs_apply_only_to_a_fixed_input_shape_of_a_graph_compiled_model(tmp_path):
-    from types import SimpleNamespace
-
-    from rfdetr.config import TrainConfig
-
-    from bench.static_cuda_graphs import compile_for_fixed_shape, fixed_input_shape
-
-    fixed = TrainConfig(dataset_dir=str(tmp_path), multi_scale=False, square_resize_div_64=True)
-    assert fixed_input_shape(fixed)
-    assert not fixed_input_shape(TrainConfig(dataset_dir=str(tmp_path), multi_scale=True, square_resize_div_64=True))
-    # as on a CPU or with a profile without cuda_graphs: the model stays as rfdetr built it, and the reason is given
-    module = SimpleNamespace(model=object(), _inductor_cudagraphs=False, train_config=fixed)
-    assert compile_for_fixed_shape(module).startswith("not applied: rfdetr has not enabled CUDA graph replay")
-    assert isinstance(module.model, object) and not hasattr(module.model, "_orig_mod")

@@ -11,6 +11,7 @@ from scripts import common
 from scripts.common import StageError
 from scripts.ema_without_waiting import ema_without_waiting
 from scripts.gather_matched_targets import gather_matched_targets
+from scripts.images_as_bytes import images_as_bytes
 from scripts.lr_log_on_device import lr_log_on_device
 from scripts.matches_on_device import matches_on_device
 from scripts.matching_without_waiting import matching_without_waiting
@@ -27,6 +28,8 @@ EXTENSIONS = [  # (the block, what it replaces)
     (matching_without_waiting, "rfdetr.models.criterion:SetCriterion", "num_boxes_for_targets"),
     (lr_log_on_device, "rfdetr.training.module_model:RFDETRModelModule", "_log_learning_rates"),
     (lambda: nice_loader_workers(10), "rfdetr.training.module_data", "_worker_init_fn"),
+    (images_as_bytes, "rfdetr.datasets.coco", "_route_transforms"),
+    (images_as_bytes, "rfdetr.training.module_data:RFDETRDataModule", "on_after_batch_transfer"),
     (lambda: extra_callbacks([]), "rfdetr.training", "build_trainer"),
 ]
 NAMES = [name.strip("_") for _, _, name in EXTENSIONS]

@@ -8,18 +8,17 @@ the model for dynamic shapes and keeps the per-layer eager losses; on the H200 t
 outlasted 470 s. Without `cuda_graphs`, for fixed-resolution training, rfdetr compiles for the one training shape
 and runs the layer-batched compiled losses instead.
 
-`StaticCudaGraphs` (a Lightning callback, used by `bench.profile_steps --static-graphs`) combines the two: when
-rfdetr has enabled graph replay of its compiled model, it compiles the same model again, before anything has been
-compiled, with the options rfdetr chose but for the fixed shape, and enables the compiled losses, as rfdetr's own
-fixed-shape path does. The model, its weights and the losses computed are the same; only how the kernels are
-launched changes. It touches rfdetr's module (`model`, `criterion.enable_compiled_detection_losses`), so it refuses
-any rfdetr version but the one it was checked against.
+`StaticCudaGraphs` (a Lightning callback) combines the two: when rfdetr has enabled graph replay of its compiled
+model, it compiles the same model again, before anything has been compiled, with the options rfdetr chose but for
+the fixed shape, and enables the compiled losses, as rfdetr's own fixed-shape path does. The model, its weights
+and the losses computed are the same; only how the kernels are launched changes. rfdetr's own handling of graph
+replay (marking each training and validation step, one GPU only) stays as it is. The train stage adds the callback
+when the GPU profile has `compile` and `cuda_graphs` on (config.yaml: the H200 row); `bench.profile_steps
+--static-graphs` uses it too. It touches rfdetr's module (`model`, `criterion.enable_compiled_detection_losses`),
+so it refuses any rfdetr version but the one it was checked against.
 
 Measured on an H200 (BENCHMARKS.md): no gain while rfdetr's matcher made the host wait (fourth session); with the
-matcher's waits gone (`scripts/matching_without_waiting.py`) +8.0 % (successive pairs), and with the learning-rate
-log's wait gone too (`scripts/lr_log_on_device.py`) the fastest variant measured, 1.64× the notebook's recipe
-mid-epoch (fifth session). The workflow's train stage does not use it yet: its path through validation, the EMA
-model and checkpoints has not run on a GPU.
+matcher's waits gone (`scripts/matching_without_waiting.py`) +8.0 % mid-epoch (successive pairs, fifth session).
 """
 
 from __future__ import annotations
@@ -75,7 +74,7 @@ def compile_for_fixed_shape(module: Any) -> str:
 
 def static_cuda_graphs_callback() -> Any:
     """A Lightning callback that applies `compile_for_fixed_shape` when training starts (see module doc)."""
-    require_supported_rfdetr("bench/static_cuda_graphs.py")
+    require_supported_rfdetr("scripts/static_cuda_graphs.py")
     import pytorch_lightning as pl
 
     class StaticCudaGraphs(pl.Callback):

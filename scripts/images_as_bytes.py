@@ -1,0 +1,138 @@
+"""Training images travel from the loader workers to the GPU as bytes; the GPU makes rfdetr's normalised floats.
+
+rfdetr's training transforms end by converting each image to float32 (`ToDtype(float32, scale=True)`) and
+normalising it (`Normalize`), in the loader worker. A batch of 128 images at 384 px is then 226 MB of float32 in
+shared memory, and the training process frees it, holding Python's interpreter lock, once it is pinned: on the H200
+the training thread paused 25-40 ms about once per step with no operation running (BENCHMARKS.md, fifth session),
+and freeing such a batch took 42-103 ms on this project's 2-core machine (a quarter of that as bytes).
+
+`images_as_bytes()` drops those two steps from the training pipeline, keeping `Normalize`'s target part (boxes to
+relative cxcywh), so a batch is 57 MB of uint8. After the batch reaches the GPU, the same two operations run there
+on the whole batch: torchvision's `to_dtype_image` and the subtraction and division `Normalize` does, with mean and
+std sent to the GPU once (torchvision's `normalize` would copy them and check them on the host at every call, a
+wait for the GPU). The floats are the same bit for bit (`tests/test_images_as_bytes.py`); padding, which rfdetr
+adds after normalising, is zero again. Validation keeps rfdetr's pipeline. Pipelines without a trailing
+`ToDtype` + `Normalize` (rfdetr's Kornia GPU augmentation) are left as they are.
+
+It replaces rfdetr's private `datasets.coco._route_transforms` and wraps `RFDETRDataModule.on_after_batch_transfer`,
+so it refuses any rfdetr version but the one it was checked against.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+from scripts.common import patch_rfdetr, send_without_waiting
+
+WHAT = "scripts/images_as_bytes.py"
+
+
+def _image_unchanged(image: Any) -> Any:
+    return image  # a module-level function, so the transform pickles into spawned loader workers
+
+
+class RelativeTargets:
+    """rfdetr's `Normalize` without its image step: boxes and keypoints become relative, the image stays uint8."""
+
+    def __init__(self, normalize: Any) -> None:
+        self.mean = tuple(normalize._normalize.mean)
+        self.std = tuple(normalize._normalize.std)
+        self.targets_only = copy.copy(normalize)
+        self.targets_only._normalize = _image_unchanged
+
+    def __call__(self, image: Any, target: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any] | None]:
+        return self.targets_only(image, target)
+
+
+def bytes_pipeline(compose: Any) -> RelativeTargets | None:
+    """Turn a training pipeline ending in `ToDtype(float32, scale=True), Normalize` into one that ends with the
+    uint8 image and relative targets; returns the replacement step, or None when the pipeline ends otherwise."""
+    import torch
+    from rfdetr.datasets.transforms import Normalize
+    from torchvision.transforms.v2 import ToDtype
+
+    if len(compose.transforms) < 2:
+        return None
+    *rest, to_float, normalize = compose.transforms
+    if not (
+        isinstance(to_float, ToDtype)
+        and to_float.dtype == torch.float32
+        and to_float.scale
+        and type(normalize) is Normalize
+    ):
+        return None
+    relative_targets = RelativeTargets(normalize)
+    compose.transforms = [*rest, relative_targets]
+    return relative_targets
+
+
+class DeviceNormalize:
+    """rfdetr's float conversion and normalisation, on a batch already on its device, without host waits."""
+
+    def __init__(self) -> None:
+        self.mean_std: tuple[tuple[float, ...], tuple[float, ...]] | None = None
+        self.on_device: dict[Any, tuple[Any, Any]] = {}
+
+    def remember(self, step: RelativeTargets) -> None:
+        found = (step.mean, step.std)
+        if self.mean_std not in (None, found):
+            raise RuntimeError(f"{WHAT}: two training pipelines normalise differently ({self.mean_std} and {found})")
+        self.mean_std = found
+
+    def __call__(self, samples: Any) -> Any:
+        import torch
+        from rfdetr.utilities.tensors import NestedTensor
+        from torchvision.transforms.v2.functional import to_dtype_image
+
+        images = samples.tensors
+        if images.dtype != torch.uint8:
+            return samples
+        if self.mean_std is None:
+            raise RuntimeError(f"{WHAT}: a batch of uint8 images arrived, but no training pipeline was changed")
+        if images.device not in self.on_device:
+            mean, std = (torch.tensor(values, dtype=torch.float32).view(-1, 1, 1) for values in self.mean_std)
+            self.on_device[images.device] = (
+                send_without_waiting(mean, images.device),
+                send_without_waiting(std, images.device),
+            )
+        mean, std = self.on_device[images.device]
+        # The same operations, in the same order, as rfdetr's ToDtype and torchvision's normalize.
+        floats = to_dtype_image(images, torch.float32, scale=True).sub_(mean).div_(std)
+        if samples.mask is not None:
+            # rfdetr pads after normalising, with zeros: padding converted from zero bytes is not zero.
+            floats.masked_fill_(samples.mask.unsqueeze(1), 0.0)
+        return NestedTensor(floats, samples.mask)
+
+
+@contextmanager
+def images_as_bytes() -> Iterator[DeviceNormalize]:
+    """Within this block, rfdetr's training batches are uint8 until they reach the GPU (see the module's text)."""
+    device_normalize = DeviceNormalize()
+
+    def route_train_as_bytes(route: Callable[..., Any]) -> Callable[..., Any]:
+        def route_transforms(image_set: str, *args: Any, **kwargs: Any) -> Any:
+            compose = route(image_set, *args, **kwargs)
+            if image_set == "train" and (step := bytes_pipeline(compose)) is not None:
+                device_normalize.remember(step)
+            return compose
+
+        return route_transforms
+
+    def normalize_first(hook: Callable[..., Any]) -> Callable[..., Any]:
+        def on_after_batch_transfer(self: Any, batch: tuple[Any, Any], dataloader_idx: int) -> tuple[Any, Any]:
+            samples, targets = batch
+            return hook(self, (device_normalize(samples), targets), dataloader_idx)
+
+        return on_after_batch_transfer
+
+    with ExitStack() as patches:
+        patches.enter_context(patch_rfdetr("rfdetr.datasets.coco", "_route_transforms", route_train_as_bytes, WHAT))
+        patches.enter_context(
+            patch_rfdetr(
+                "rfdetr.training.module_data:RFDETRDataModule", "on_after_batch_transfer", normalize_first, WHAT
+            )
+        )
+        yield device_normalize
