@@ -2,7 +2,8 @@
 
 usage: python -m bench.profile_steps --dataset DIR --out FILE.json [--batch 128] [--start 30] [--steps 6]
            [--variant stock|eager|eager_graphs] [--matches-on-device] [--targets-one-copy] [--gather-targets]
-           [--ema-without-waiting] [--matching-without-waiting] [--lr-on-device] [--static-graphs]
+           [--ema-without-waiting] [--matching-without-waiting] [--lr-on-device] [--images-as-bytes]
+           [--deformable-sampling] [--static-graphs]
            [--nice-workers N] [--threads N] [--sync-debug] [--resolution N] [--trace]
 
 Runs the notebook's `train()` call (bench.stock_recipe). Steps [start - 2*steps, start) are timed with no profiler
@@ -43,6 +44,7 @@ EXTENSIONS = {
     "matching_without_waiting": "scripts.matching_without_waiting:matching_without_waiting",
     "lr_on_device": "scripts.lr_log_on_device:lr_log_on_device",
     "images_as_bytes": "scripts.images_as_bytes:images_as_bytes",
+    "deformable_sampling": "scripts.deformable_sampling:deformable_sampling",
 }
 # Host-side CUDA calls that wait for the GPU (a blocking copy to the host is a cudaMemcpyAsync that waits too).
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")

@@ -40,6 +40,7 @@ from scripts.common import (
     where_this_runs,
     write_json,
 )
+from scripts.deformable_sampling import deformable_sampling
 from scripts.ema_without_waiting import ema_without_waiting
 from scripts.gather_matched_targets import gather_matched_targets
 from scripts.gpu_profiles import Device, detect_device, resolve_profile, settle_profile
@@ -418,8 +419,8 @@ def run_rfdetr(
         # Same values, less host work and no waits for the GPU within a step: the targets reach the GPU in one copy
         # per field; matching, the loss's box count, the learning-rate log and the EMA update are queued without
         # reading anything back; the loss gathers its matched targets per layer at once; the loader workers yield
-        # their cores to this process and hand over images as bytes, normalised on the GPU (scripts/<name>.py for
-        # each; measurements in BENCHMARKS.md).
+        # their cores to this process and hand over images as bytes, normalised on the GPU; the deformable
+        # attention samples with our Triton kernels (scripts/<name>.py for each; measurements in BENCHMARKS.md).
         with (
             extra_callbacks(callbacks, single_node_ddp_plugins(recipe["gpus"])),
             targets_one_copy(),
@@ -430,6 +431,7 @@ def run_rfdetr(
             lr_log_on_device(),
             nice_loader_workers(loader_niceness),
             images_as_bytes(),
+            deformable_sampling(),
         ):
             model.train(**kwargs)
     except SIGTERMException as stop:  # Lightning's SystemExit, which would otherwise exit with status 0

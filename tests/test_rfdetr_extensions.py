@@ -9,6 +9,7 @@ import pytest
 
 from scripts import common
 from scripts.common import StageError
+from scripts.deformable_sampling import deformable_sampling
 from scripts.ema_without_waiting import ema_without_waiting
 from scripts.gather_matched_targets import gather_matched_targets
 from scripts.images_as_bytes import images_as_bytes
@@ -29,6 +30,7 @@ EXTENSIONS = [  # (the block, what it replaces)
     (lr_log_on_device, "rfdetr.training.module_model:RFDETRModelModule", "_log_learning_rates"),
     (lambda: nice_loader_workers(10), "rfdetr.training.module_data", "_worker_init_fn"),
     (images_as_bytes, "rfdetr.datasets.coco", "_route_transforms"),
+    (deformable_sampling, "rfdetr.models.ops.functions.ms_deform_attn_func", "_bilinear_grid_sample"),
     (images_as_bytes, "rfdetr.training.module_data:RFDETRDataModule", "on_after_batch_transfer"),
     (lambda: extra_callbacks([]), "rfdetr.training", "build_trainer"),
 ]

@@ -1,0 +1,130 @@
+"""The decoder's deformable-attention sampling on the GPU with Triton kernels whose backward pass writes its
+gradients into channel-contiguous memory.
+
+rfdetr 1.11.2 samples the decoder's value map with `F.grid_sample` (bilinear, zero padding, `align_corners=False`):
+for RF-DETR Nano at batch 128, 2,048 maps (batch x 16 heads) of 16 channels at 24 x 24, each sampled at 7,800
+points (3,900 queries x 2 points), twice per step (two decoder layers). Its backward pass adds each sample's
+gradient into the four neighbouring pixels of every channel with one atomic addition each, about 10^9 per call,
+scattered over memory (channels are 576 values apart): on the H200 it took 26.8 ms of the step's 160 ms of GPU
+time, the largest single kernel (BENCHMARKS.md, sixth session).
+
+`deformable_sampling()` routes that one call, on CUDA only, to a custom operator with the same arithmetic
+(PyTorch's `grid_sampler_2d` formulas): the map is read and its gradient accumulated with the 16 channels of a
+pixel next to each other, so the atomic additions of neighbouring threads land in the same cache line. Forward
+values and the gradient with respect to the sampling grid match `F.grid_sample` to float32 rounding, and the
+gradient of the map up to the order of the atomic additions, which `F.grid_sample` leaves unspecified too
+(`tests/test_deformable_sampling.py`, on the GPU). The operator is registered with `torch.library`, so
+`torch.compile` keeps it inside the compiled graph and CUDA graphs can record it. Other devices keep rfdetr's code.
+
+It replaces rfdetr's private `_bilinear_grid_sample` as imported by its deformable-attention function, so it refuses
+any rfdetr version but the one it was checked against.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from scripts.common import patch_rfdetr
+
+BLOCK = 64  # sampling points per Triton program
+
+
+def _triton_kernels() -> Any:
+    """The kernels' module, imported on first use (Triton is needed only where a GPU samples)."""
+    from scripts import deformable_sampling_kernels
+
+    return deformable_sampling_kernels
+
+
+def _launch_grid(samples: int, maps: int) -> tuple[int, int]:
+    return (-(-samples // BLOCK), maps)
+
+
+@torch.library.custom_op("rfdetr_pipeline::bilinear_sample", mutates_args=())
+def bilinear_sample(value: Tensor, grid: Tensor) -> Tensor:
+    """`F.grid_sample(value, grid, mode="bilinear", padding_mode="zeros", align_corners=False)` for float32 CUDA
+    tensors: value (N, C, H, W), grid (N, Hg, Wg, 2); returns (N, C, Hg, Wg)."""
+    n, c, h, w = value.shape
+    _, hg, wg, _ = grid.shape
+    samples = hg * wg
+    out = torch.empty((n, c, hg, wg), device=value.device, dtype=torch.float32)
+    channels_last = value.permute(0, 2, 3, 1).contiguous()
+    _triton_kernels().forward_kernel[_launch_grid(samples, n)](
+        channels_last, grid.contiguous(), out, samples, h, w, C=c, BLOCK=BLOCK
+    )
+    return out
+
+
+@bilinear_sample.register_fake
+def _(value: Tensor, grid: Tensor) -> Tensor:
+    return value.new_empty((value.shape[0], value.shape[1], grid.shape[1], grid.shape[2]))
+
+
+@torch.library.custom_op("rfdetr_pipeline::bilinear_sample_backward", mutates_args=())
+def bilinear_sample_backward(grad_out: Tensor, value: Tensor, grid: Tensor) -> tuple[Tensor, Tensor]:
+    """Gradients of `bilinear_sample` with respect to value and grid."""
+    n, c, h, w = value.shape
+    _, hg, wg, _ = grid.shape
+    samples = hg * wg
+    grad_value = torch.zeros((n, h, w, c), device=value.device, dtype=torch.float32)
+    grad_grid = torch.empty((n, hg, wg, 2), device=value.device, dtype=torch.float32)
+    _triton_kernels().backward_kernel[_launch_grid(samples, n)](
+        grad_out.contiguous(),
+        value.permute(0, 2, 3, 1).contiguous(),
+        grid.contiguous(),
+        grad_value,
+        grad_grid,
+        samples,
+        h,
+        w,
+        C=c,
+        BLOCK=BLOCK,
+    )
+    return grad_value.permute(0, 3, 1, 2).contiguous(), grad_grid
+
+
+@bilinear_sample_backward.register_fake
+def _(grad_out: Tensor, value: Tensor, grid: Tensor) -> tuple[Tensor, Tensor]:
+    return value.new_empty(value.shape), grid.new_empty(grid.shape)
+
+
+def _setup_context(ctx: Any, inputs: tuple[Tensor, Tensor], output: Tensor) -> None:
+    ctx.save_for_backward(*inputs)
+
+
+def _backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor, Tensor]:
+    value, grid = ctx.saved_tensors
+    return bilinear_sample_backward(grad_out, value, grid)
+
+
+bilinear_sample.register_autograd(_backward, setup_context=_setup_context)
+
+
+def sample_on_device(original: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """rfdetr's `_bilinear_grid_sample`, with the zero-padded, corner-unaligned CUDA case on our kernels."""
+
+    def bilinear_grid_sample(
+        input: Tensor, grid: Tensor, padding_mode: str = "zeros", align_corners: bool = False
+    ) -> Tensor:
+        channels = input.shape[1]
+        if input.is_cuda and padding_mode == "zeros" and not align_corners and (channels & (channels - 1)) == 0:
+            # float32, as F.grid_sample computes under autocast (grid_sampler is on autocast's float32 list)
+            return bilinear_sample(input.float(), grid.float())
+        return original(input, grid, padding_mode=padding_mode, align_corners=align_corners)
+
+    return bilinear_grid_sample
+
+
+def deformable_sampling() -> AbstractContextManager[None]:
+    """Within this block rfdetr's deformable attention samples with our CUDA kernels (see the module's text)."""
+    return patch_rfdetr(
+        "rfdetr.models.ops.functions.ms_deform_attn_func",
+        "_bilinear_grid_sample",
+        sample_on_device,
+        "scripts/deformable_sampling.py",
+    )
