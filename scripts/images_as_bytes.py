@@ -3,8 +3,9 @@
 rfdetr's training transforms end by converting each image to float32 (`ToDtype(float32, scale=True)`) and
 normalising it (`Normalize`), in the loader worker. A batch of 128 images at 384 px is then 226 MB of float32 in
 shared memory, and the training process frees it, holding Python's interpreter lock, once it is pinned: on the H200
-the training thread paused 25-40 ms about once per step with no operation running (BENCHMARKS.md, fifth session),
-and freeing such a batch took 42-103 ms on this project's 2-core machine (a quarter of that as bytes).
+the training thread paused 25-50 ms about once per step with no operation running (BENCHMARKS.md, fifth session),
+and freeing such a batch takes tens of milliseconds (`python -m bench.shared_memory_free`; as bytes about a
+quarter of that).
 
 `images_as_bytes()` drops those two steps from the training pipeline, keeping `Normalize`'s target part (boxes to
 relative cxcywh), so a batch is 57 MB of uint8. After the batch reaches the GPU, the same two operations run there
@@ -13,6 +14,9 @@ std sent to the GPU once (torchvision's `normalize` would copy them and check th
 wait for the GPU). The floats are the same bit for bit (`tests/test_images_as_bytes.py`); padding, which rfdetr
 adds after normalising, is zero again. Validation keeps rfdetr's pipeline. Pipelines without a trailing
 `ToDtype` + `Normalize` (rfdetr's Kornia GPU augmentation) are left as they are.
+
+Measured on an H200 (BENCHMARKS.md, sixth session): +4.4 % images/s mid-epoch beside the same variant without it;
+the irregular 39-50 ms pauses were gone from the trace.
 
 It replaces rfdetr's private `datasets.coco._route_transforms` and wraps `RFDETRDataModule.on_after_batch_transfer`,
 so it refuses any rfdetr version but the one it was checked against.

@@ -19,6 +19,7 @@ so it refuses any rfdetr version but the one it was checked against.
 
 Measured on an H200 (BENCHMARKS.md): no gain while rfdetr's matcher made the host wait (fourth session); with the
 matcher's waits gone (`scripts/matching_without_waiting.py`) +8.0 % mid-epoch (successive pairs, fifth session).
+The train stage ran with it through validation, the EMA model and checkpoints in the sixth session.
 """
 
 from __future__ import annotations
