@@ -25,14 +25,15 @@ any rfdetr version but the one it was checked against.
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from scripts.common import patch_rfdetr
+from scripts.common import log, patch_rfdetr
 
 BLOCK = 64  # sampling points per Triton program
 
@@ -124,7 +125,11 @@ def sample_on_device(original: Callable[..., Tensor]) -> Callable[..., Tensor]:
 
 
 def deformable_sampling() -> AbstractContextManager[None]:
-    """Within this block rfdetr's deformable attention samples with our CUDA kernels (see the module's text)."""
+    """Within this block rfdetr's deformable attention samples with our CUDA kernels (see the module's text);
+    without Triton (it comes with torch's Linux CUDA wheels) rfdetr's code stays, and the log says so."""
+    if importlib.util.find_spec("triton") is None:
+        log.warning("Triton is not installed: the decoder samples with rfdetr's F.grid_sample (slower on a GPU)")
+        return nullcontext()
     return patch_rfdetr(
         "rfdetr.models.ops.functions.ms_deform_attn_func",
         "_bilinear_grid_sample",

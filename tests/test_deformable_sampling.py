@@ -60,6 +60,19 @@ def test_other_devices_keep_rfdetrs_sampling():
     assert torch.equal(sampled, F.grid_sample(value, grid, mode="bilinear", padding_mode="zeros", align_corners=False))
 
 
+def test_without_triton_rfdetrs_sampling_stays_and_the_log_says_so(monkeypatch, caplog):
+    import importlib.util
+
+    from rfdetr.models.ops.functions import ms_deform_attn_func
+
+    original = ms_deform_attn_func._bilinear_grid_sample
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "triton" else real_find_spec(name))
+    with caplog.at_level("WARNING"), deformable_sampling():
+        assert ms_deform_attn_func._bilinear_grid_sample is original
+    assert "Triton is not installed" in caplog.text
+
+
 @pytest.mark.gpu
 def test_on_the_gpu_the_kernels_give_grid_samples_values_and_gradients_at_nanos_shapes():
     # batch 128 x 16 heads, a 24 x 24 map (384 px / 16), 3,900 queries (300 x 13 groups) x 2 points
