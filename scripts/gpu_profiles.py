@@ -153,11 +153,17 @@ def settle_profile(
     te_problem: Callable[[], str | None] = transformer_engine_problem,
 ) -> tuple[dict[str, Any], str]:
     """Check the FP8 route before training starts: error, or fall back to compiled bf16 if configured. Inductor's
-    CUDA graphs run on one GPU without gradient accumulation only (rfdetr stops otherwise): off for other runs."""
+    CUDA graphs run on one GPU without gradient accumulation only (rfdetr stops otherwise), and are worth their
+    warm-up only for one fixed input shape: off for other runs."""
     if profile["precision"] != "fp8":
-        if profile["cuda_graphs"] and (train.get("gpus", 1) != 1 or train.get("grad_accum_steps", 1) != 1):
+        fixed_shape = not train.get("multi_scale") and train.get("square_resize_div_64", True)
+        single = train.get("gpus", 1) == 1 and train.get("grad_accum_steps", 1) == 1
+        if profile["cuda_graphs"] and not (single and fixed_shape):
             profile = {**profile, "cuda_graphs": False}
-            reason += "; cuda_graphs off: CUDA graph replay needs train.gpus: 1 and train.grad_accum_steps: 1"
+            reason += (
+                "; cuda_graphs off: CUDA graph replay needs train.gpus: 1, train.grad_accum_steps: 1, "
+                "train.multi_scale: false and train.square_resize_div_64: true"
+            )
         return profile, reason
     problems = fp8_route_problems(device, train, te_problem)
     if not problems:

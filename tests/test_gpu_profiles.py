@@ -101,7 +101,9 @@ def test_fp8_passes_when_everything_holds():
     assert profile == FP8
 
 
-@pytest.mark.parametrize("setting", [{"gpus": 2}, {"grad_accum_steps": 4}])
+@pytest.mark.parametrize(
+    "setting", [{"gpus": 2}, {"grad_accum_steps": 4}, {"multi_scale": True}, {"square_resize_div_64": False}]
+)
 def test_cuda_graphs_are_turned_off_where_rfdetr_cannot_replay_them(setting):
     h200 = next(p for p in PROFILES if p["name"] == "h200")
     profile, reason = settle_profile(h200, "matched", gpu("NVIDIA H200"), {**TRAIN, **setting})
