@@ -3,7 +3,7 @@
 usage: python -m bench.profile_steps --dataset DIR --out FILE.json [--batch 128] [--start 30] [--steps 6]
            [--variant stock|eager|eager_graphs] [--matches-on-device] [--targets-one-copy] [--gather-targets]
            [--ema-without-waiting] [--matching-without-waiting] [--lr-on-device] [--images-as-bytes]
-           [--deformable-sampling] [--static-graphs]
+           [--deformable-sampling] [--padding-in-one-copy] [--static-graphs]
            [--nice-workers N] [--threads N] [--sync-debug] [--resolution N] [--trace]
 
 Runs the notebook's `train()` call (bench.stock_recipe). Steps [start - 2*steps, start) are timed with no profiler
@@ -45,6 +45,7 @@ EXTENSIONS = {
     "lr_on_device": "scripts.lr_log_on_device:lr_log_on_device",
     "images_as_bytes": "scripts.images_as_bytes:images_as_bytes",
     "deformable_sampling": "scripts.deformable_sampling:deformable_sampling",
+    "padding_in_one_copy": "scripts.padding_in_one_copy:padding_in_one_copy",
 }
 # Host-side CUDA calls that wait for the GPU (a blocking copy to the host is a cudaMemcpyAsync that waits too).
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")

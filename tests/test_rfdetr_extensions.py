@@ -17,6 +17,7 @@ from scripts.lr_log_on_device import lr_log_on_device
 from scripts.matches_on_device import matches_on_device
 from scripts.matching_without_waiting import matching_without_waiting
 from scripts.nice_loader_workers import nice_loader_workers
+from scripts.padding_in_one_copy import padding_in_one_copy
 from scripts.targets_one_copy import targets_one_copy
 from scripts.train import extra_callbacks
 
@@ -31,6 +32,7 @@ EXTENSIONS = [  # (the block, what it replaces)
     (lambda: nice_loader_workers(10), "rfdetr.training.module_data", "_worker_init_fn"),
     (images_as_bytes, "rfdetr.datasets.coco", "_route_transforms"),
     (deformable_sampling, "rfdetr.models.ops.functions.ms_deform_attn_func", "_bilinear_grid_sample"),
+    (padding_in_one_copy, "rfdetr.models.matcher", "pad_sequence"),
     (images_as_bytes, "rfdetr.training.module_data:RFDETRDataModule", "on_after_batch_transfer"),
     (lambda: extra_callbacks([]), "rfdetr.training", "build_trainer"),
 ]

@@ -1,0 +1,59 @@
+"""The matcher pads a batch's targets in two GPU operations instead of one copy per image.
+
+rfdetr 1.11.2's matcher pads each image's target labels and boxes to the batch's largest count with torch's
+`pad_sequence`, twice per call, for every layer stack it matches. On a GPU that is one small copy per image (128 at
+batch 128), and the host spends its time launching them: 3.3 ms per call, 19.8 ms of host time per training step on
+the H200 in the sixth session's profile of the fastest variant (`bench/results/2026-11-30-sixth/
+callm-trace-full.json`, `host_ops`), where the GPU waits for the host.
+
+`padding_in_one_copy()` replaces the matcher's `pad_sequence` with one that concatenates the sequences (one
+kernel) and writes them into the padded tensor with one indexed copy, the index built on the host from the
+sequence lengths (known there) and sent to the GPU without waiting. The result is `pad_sequence`'s, element for
+element (`tests/test_padding_in_one_copy.py`). Calls it does not cover (not batch-first, left padding, one
+sequence) go to torch's function.
+
+Not measured on a GPU yet, so the train stage does not use it; `bench.profile_steps --padding-in-one-copy` does.
+It replaces the name `pad_sequence` in rfdetr's private `models.matcher` module, so it refuses any rfdetr version
+but the one it was checked against.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from scripts.common import patch_rfdetr, send_without_waiting
+
+
+def padded_in_one_copy(sequences: Sequence[Tensor], padding_value: float = 0.0) -> Tensor:
+    """`pad_sequence(sequences, batch_first=True, padding_value=padding_value)`, in two operations on the device."""
+    sizes = [len(sequence) for sequence in sequences]
+    longest = max(sizes)
+    flat = torch.cat(list(sequences))
+    padded = flat.new_full((len(sizes), longest, *flat.shape[1:]), padding_value)
+    # row-major position of element j of sequence i in the padded tensor: i * longest + j
+    lengths = torch.tensor(sizes)
+    starts = torch.arange(len(sizes)) * longest - (torch.cumsum(lengths, 0) - lengths)
+    positions = torch.arange(flat.shape[0]) + torch.repeat_interleave(starts, lengths)
+    padded.view(-1, *flat.shape[1:])[send_without_waiting(positions, flat.device)] = flat
+    return padded
+
+
+def pad_in_one_copy(original: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    def pad_sequence(
+        sequences: Any, batch_first: bool = False, padding_value: float = 0.0, padding_side: str = "right"
+    ) -> Tensor:
+        if batch_first and padding_side == "right" and isinstance(sequences, (list, tuple)) and len(sequences) > 1:
+            return padded_in_one_copy(sequences, padding_value)
+        return original(sequences, batch_first=batch_first, padding_value=padding_value, padding_side=padding_side)
+
+    return pad_sequence
+
+
+def padding_in_one_copy() -> AbstractContextManager[None]:
+    """Within this block rfdetr's matcher pads targets in two operations (see the module's text)."""
+    return patch_rfdetr("rfdetr.models.matcher", "pad_sequence", pad_in_one_copy, "scripts/padding_in_one_copy.py")
