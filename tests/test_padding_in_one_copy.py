@@ -50,3 +50,16 @@ def test_the_matchers_assignment_is_unchanged_and_other_calls_go_to_torch(tmp_pa
     assert plain is not None and ours is not None
     for mine, theirs in zip(ours, plain, strict=True):
         assert [(i.tolist(), j.tolist()) for i, j in mine] == [(i.tolist(), j.tolist()) for i, j in theirs]
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_the_padding_equals_pad_sequences_and_nothing_waits():
+    sequences = [torch.rand(n, 4, device="cuda") for n in (3, 0, 1, 5)]
+    expected = pad_sequence(sequences, batch_first=True)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        ours = padded_in_one_copy(sequences)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(ours, expected)
