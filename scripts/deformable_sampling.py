@@ -5,8 +5,8 @@ rfdetr 1.11.2 samples the decoder's value map with `F.grid_sample` (bilinear, ze
 for RF-DETR Nano at batch 128, 2,048 maps (batch x 16 heads) of 16 channels at 24 x 24, each sampled at 7,800
 points (3,900 queries x 2 points), twice per step (two decoder layers). Its backward pass adds each sample's
 gradient into the four neighbouring pixels of every channel with one atomic addition each, about 10^9 per call,
-scattered over memory (channels are 576 values apart): on the H200 it took 26.8 ms of the step's 160 ms of GPU
-time, the largest single kernel (BENCHMARKS.md, fifth and sixth sessions).
+scattered over memory (channels are 576 values apart): on the H200 it took 26.8 ms of the step's 162.5 ms of GPU
+time, the largest single kernel (`callg-profile-full.json` of the fifth session, `top_kernels_ms_per_step`).
 
 `deformable_sampling()` routes that one call, on CUDA only, to a custom operator with the same arithmetic
 (PyTorch's `grid_sampler_2d` formulas): the map is read and its gradient accumulated with the 16 channels of a
@@ -16,9 +16,9 @@ gradient of the map up to the order of the atomic additions, which `F.grid_sampl
 (`tests/test_deformable_sampling.py`, on the GPU). The operator is registered with `torch.library`, so
 `torch.compile` keeps it inside the compiled graph and CUDA graphs can record it. Other devices keep rfdetr's code.
 
-Measured on an H200 (BENCHMARKS.md, sixth session): the backward kernel 3.27 ms per step against 26.4 ms, the
-forward 1.15 ms against the 4.58 ms of Inductor's fused kernel (which also did the element-wise work around it);
-+16.9 % images/s mid-epoch beside the same variant without it.
+Measured on an H200 (BENCHMARKS.md, sixth session): the backward kernel 3.27 ms per step against 26.4 ms; the
+forward kernel fell out of the 25 largest (under 1.23 ms), where Inductor's fused one took 4.58 ms; +16.9 %
+images/s mid-epoch beside the same variant without it.
 
 It replaces rfdetr's private `_bilinear_grid_sample` as imported by its deformable-attention function, so it refuses
 any rfdetr version but the one it was checked against.
