@@ -30,13 +30,35 @@ from scripts.verify_counts import count_images
 REPO = Path(__file__).resolve().parents[1]
 
 
+# Steps at the start of an epoch left out of the mid-epoch rate: the loader's workers start the epoch's batches all
+# at once, so the first steps wait for data however fast the step is.
+EPOCH_START_STEPS = 8
+
+
+def mid_epoch_images_per_second(records: list[dict[str, Any]]) -> float | None:
+    """Images/s of the steps after the first EPOCH_START_STEPS of each epoch, on the GPU's clock (EpochLog's
+    `step_seconds`): the rate of a long epoch, such as COCO's 924 steps at batch 128, without the boundaries that
+    weigh on the short epochs of a benchmark set."""
+    images = seconds = 0.0
+    for record in records:
+        steps = record.get("step_seconds") or []
+        per_step = record["images"] / (len(steps) + 1)  # step_seconds spans the steps after the first
+        kept = steps[EPOCH_START_STEPS:]
+        images += per_step * len(kept)
+        seconds += sum(kept)
+    return round(images / seconds, 1) if seconds else None
+
+
 def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Steady images/s (epochs after the first of the process) and the first epoch's extra seconds."""
+    """Steady images/s (whole epochs after the first of the process; and mid-epoch, see
+    mid_epoch_images_per_second) and the first epoch's extra seconds."""
     first, later = records[0], records[1:]
     steady = sum(r["images_per_second"] for r in later) / len(later) if later else None
     return {
         "epochs": [r["epoch"] for r in records],
         "steady_images_per_second": round(steady, 1) if steady else None,
+        "mid_epoch_images_per_second": mid_epoch_images_per_second(later),
+        "first_batch_seconds": [r.get("first_batch_seconds") for r in records],
         "epoch0_seconds": first["train_seconds"],
         "epoch0_overhead_seconds": round(first["train_seconds"] - first["images"] / steady, 1) if steady else None,
         "first_validation_seconds": first["val_seconds"],

@@ -84,6 +84,8 @@ def side_by_side(summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
             key: run.get(key)
             for key in (
                 "steady_images_per_second",
+                "mid_epoch_images_per_second",
+                "first_batch_seconds",
                 "epoch0_overhead_seconds",
                 "first_validation_seconds",
                 "peak_memory_gb",
@@ -93,6 +95,10 @@ def side_by_side(summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
         table[name]["ratio_to_reference"] = round(
             run["steady_images_per_second"] / reference["steady_images_per_second"], 3
         )
+        if run.get("mid_epoch_images_per_second") and reference.get("mid_epoch_images_per_second"):
+            table[name]["mid_epoch_ratio_to_reference"] = round(
+                run["mid_epoch_images_per_second"] / reference["mid_epoch_images_per_second"], 3
+            )
         if name != reference_name:
             expected, losses, ratio = matched_losses(reference, run)
             table[name]["loss_vs_reference"] = {"reference_steps_averaged": ratio, **loss_difference(expected, losses)}

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import csv
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -49,6 +50,7 @@ from scripts.lr_log_on_device import lr_log_on_device
 from scripts.matches_on_device import matches_on_device
 from scripts.matching_without_waiting import matching_without_waiting
 from scripts.nice_loader_workers import nice_loader_workers
+from scripts.padding_in_one_copy import padding_in_one_copy
 from scripts.stage import remove_staged
 from scripts.static_cuda_graphs import static_cuda_graphs_callback
 from scripts.targets_one_copy import targets_one_copy
@@ -196,6 +198,10 @@ def lightning_callbacks(stop_at: int, epoch_log: Path) -> list[Any]:
             sync()
             self.record: dict[str, Any] = {"epoch": trainer.current_epoch, "images": 0, "lr": []}
             self.losses: list[Any] = []
+            # An event on the GPU's stream at each step's end: the steps' durations on the GPU's own clock, read
+            # once the epoch ends, so timing a step costs no wait (the mid-epoch rate, without epoch boundaries).
+            self.step_ends: list[Any] = []
+            self.first_step_started: float | None = None
             self.data_wait = 0.0  # host seconds between one step's end and the next one's start: the loader
             self.step_ended: float | None = None
             self.started = time.perf_counter()
@@ -205,6 +211,8 @@ def lightning_callbacks(stop_at: int, epoch_log: Path) -> list[Any]:
 
         def on_train_batch_start(self, trainer: pl.Trainer, module: pl.LightningModule, batch: Any, idx: int) -> None:
             self.record["lr"].append(trainer.optimizers[0].param_groups[0]["lr"])
+            if self.first_step_started is None:
+                self.first_step_started = time.perf_counter()
             if self.step_ended is not None:
                 self.data_wait += time.perf_counter() - self.step_ended
 
@@ -216,6 +224,9 @@ def lightning_callbacks(stop_at: int, epoch_log: Path) -> list[Any]:
             loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
             if isinstance(loss, torch.Tensor):
                 self.losses.append(loss.detach().float().reshape(()))
+            if torch.cuda.is_available():
+                self.step_ends.append(torch.cuda.Event(enable_timing=True))
+                self.step_ends[-1].record()
             self.step_ended = time.perf_counter()
 
         def on_validation_epoch_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
@@ -231,11 +242,16 @@ def lightning_callbacks(stop_at: int, epoch_log: Path) -> list[Any]:
             total = time.perf_counter() - self.started
             train_seconds = total - self.val_seconds  # validation runs inside the epoch, before this hook
             self.record["loss"] = torch.stack(self.losses).cpu().tolist() if self.losses else []
+            self.record["step_seconds"] = [  # from the end of one step to the end of the next, on the GPU
+                round(start.elapsed_time(end) / 1000, 5) for start, end in itertools.pairwise(self.step_ends)
+            ]
             self.record.update(
                 train_seconds=round(train_seconds, 3),
                 val_seconds=round(self.val_seconds, 3),
                 images_per_second=round(self.record["images"] / max(train_seconds, 1e-9), 2),
                 data_wait_seconds=round(self.data_wait, 3),
+                # epoch start to the first step: the loader's first batch (and any epoch-start work)
+                first_batch_seconds=round((self.first_step_started or time.perf_counter()) - self.started, 3),
                 peak_memory_gb=round(torch.cuda.max_memory_allocated() / 2**30, 2) if torch.cuda.is_available() else 0,
             )
             if trainer.is_global_zero:
@@ -420,7 +436,8 @@ def run_rfdetr(
         # per field; matching, the loss's box count, the learning-rate log and the EMA update are queued without
         # reading anything back; the loss gathers its matched targets per layer at once; the loader workers yield
         # their cores to this process and hand over images as bytes, normalised on the GPU; the deformable
-        # attention samples with our Triton kernels (scripts/<name>.py for each; measurements in BENCHMARKS.md).
+        # attention samples with our Triton kernels; the matcher pads targets in two operations, not one copy per
+        # image (scripts/<name>.py for each; measurements in BENCHMARKS.md).
         with (
             extra_callbacks(callbacks, single_node_ddp_plugins(recipe["gpus"])),
             targets_one_copy(),
@@ -432,6 +449,7 @@ def run_rfdetr(
             nice_loader_workers(loader_niceness),
             images_as_bytes(),
             deformable_sampling(),
+            padding_in_one_copy(),
         ):
             model.train(**kwargs)
     except SIGTERMException as stop:  # Lightning's SystemExit, which would otherwise exit with status 0

@@ -123,3 +123,13 @@ def test_gpu_idle_stretches_name_what_the_host_started_meanwhile():
         "ms_per_step": 5.0,
         "stretches": [{"at_ms": 3.0, "ms": 5.0, "host_ops": ["aten::select x2", "aten::copy_ x1"]}],
     }
+
+
+def test_the_mid_epoch_rate_leaves_out_each_epochs_first_steps():
+    from bench.compare import EPOCH_START_STEPS, mid_epoch_images_per_second
+
+    slow_start = [1.0] * EPOCH_START_STEPS  # steps waiting for the loader's first batches
+    # 1 + 8 + 10 steps of 128 images: the 10 steps after the start took 0.25 s each, so 512 images/s
+    record = {"images": 128 * 19, "step_seconds": slow_start + [0.25] * 10}
+    assert mid_epoch_images_per_second([record, record]) == 512.0
+    assert mid_epoch_images_per_second([{"images": 128, "step_seconds": []}]) is None  # a CPU run has no GPU clock
