@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU measurements of BENCHMARKS.md, on a machine without network (the project's device machine).
 # usage: bench/gpu_run.sh stock|pipeline|ddp|recompiles|levers|profile      (OUT: folder for results; default /tmp/bench-out)
-#        levers: VARIANT='<a gpu_profiles row as JSON>' [TRAIN='<train settings as JSON>'] NAME=<name> [EPOCHS=3] [LOADER_WORKERS='16 32'] bench/gpu_run.sh levers
+#        levers: VARIANT='<a gpu_profiles row as JSON>' [TRAIN='<train settings as JSON>'] NAME=<name> [EPOCHS=3] [LOADER_WORKERS='16 32']
+#                [SPLIT_CPUS=1: half the CPUs each] bench/gpu_run.sh levers
 #        (two GPUs)
 # Needs the wheelhouse in .whl (../shared/gpu/wheelhouse.sh -d .whl) and ../shared/gpu/synth_coco.py.
 set -euo pipefail
@@ -63,10 +64,16 @@ case $phase in
               [ "$workers" = 0 ] && continue
               python3 -m bench.loader --dataset "$DATA" --workers "$workers" --batch "${LOADER_BATCH:-128}" >> "$OUT/loader.json" 2> "$OUT/loader.log" || true
             done
+            pin0=; pin1=
+            if [ "${SPLIT_CPUS:-0}" = 1 ]; then  # half the cores each (bench/cpu_halves.py says why)
+              read -r cpus0 cpus1 < <(python3 -m bench.cpu_halves)
+              pin0="taskset -c $cpus0"; pin1="taskset -c $cpus1"
+              echo "stock on CPUs $cpus0, the workflow on CPUs $cpus1" | tee -a "$OUT/env-$phase.txt"
+            fi
             nvidia-smi dmon -s u -d 2 > "$OUT/dmon-$name.txt" 2>&1 & dmon=$!
-            CUDA_VISIBLE_DEVICES=0 timeout "${LIMIT:-520}" python3 -m bench.compare --dataset "$DATA" \
+            CUDA_VISIBLE_DEVICES=0 $pin0 timeout "${LIMIT:-520}" python3 -m bench.compare --dataset "$DATA" \
               --out "/tmp/b-$name-stock" --only stock --stock-epochs "$epochs" > "$OUT/compare-$name-stock.txt" 2>&1 & stock=$!
-            CUDA_VISIBLE_DEVICES=1 timeout "${LIMIT:-520}" python3 -m bench.compare --dataset "$DATA" --out "/tmp/b-$name" \
+            CUDA_VISIBLE_DEVICES=1 $pin1 timeout "${LIMIT:-520}" python3 -m bench.compare --dataset "$DATA" --out "/tmp/b-$name" \
               --only pipeline --name "$name" --bench-profile "$VARIANT" --train "${TRAIN:-{\}}" --pipeline-epochs "$epochs" \
               --epochs-per-block "$epochs" > "$OUT/compare-$name.txt" 2>&1 || echo "variant failed: $?" >> "$OUT/compare-$name.txt"
             wait $stock || echo "stock failed: $?" >> "$OUT/compare-$name-stock.txt"

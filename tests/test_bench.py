@@ -133,3 +133,16 @@ def test_the_mid_epoch_rate_leaves_out_each_epochs_first_steps():
     record = {"images": 128 * 19, "step_seconds": slow_start + [0.25] * 10}
     assert mid_epoch_images_per_second([record, record]) == 512.0
     assert mid_epoch_images_per_second([{"images": 128, "step_seconds": []}]) is None  # a CPU run has no GPU clock
+
+
+def test_cpus_are_halved_by_numa_node_or_by_whole_cores():
+    from bench.cpu_halves import Cpu, as_taskset_list, split_cpus, this_machine
+
+    # 4 cores with 2 hyperthreads each, numbered as Linux does (siblings 0/4, 1/5, ...), one NUMA node
+    one_node = [Cpu(n, 0, 0, n % 4) for n in range(8)]
+    assert split_cpus(one_node) == ([0, 1, 4, 5], [2, 3, 6, 7])
+    two_nodes = [Cpu(n, n // 4, n // 4, n % 4) for n in range(8)]
+    assert split_cpus(two_nodes) == ([0, 1, 2, 3], [4, 5, 6, 7])
+    assert as_taskset_list([0, 1, 4, 5, 9]) == "0-1,4-5,9"
+    first, second = split_cpus(this_machine())  # this machine's own topology: every CPU in exactly one half
+    assert sorted(first + second) == sorted(cpu.number for cpu in this_machine()) and not set(first) & set(second)
