@@ -1,6 +1,7 @@
 """How many training images per second rfdetr's own data loader delivers, with no model behind it.
 
-usage: python -m bench.loader --dataset DIR [--batch 128] [--workers 16] [--waves 3] [--prefetch 2]
+usage: python -m bench.loader --dataset DIR [--batch 128] [--workers 16] [--waves 3] [--prefetch 2] [--images-as-bytes]
+       python -m bench.loader --dataset DIR --one-process [--images-as-bytes]   (ms per image, no workers)
 
 Builds the training DataLoader exactly as rfdetr 1.11.2's `train()` does for the workflow's recipe (COCO layout,
 384 px, square resize, no multi-scale) and times whole batches after a warm-up, pinned memory included. If this
@@ -10,17 +11,18 @@ rate is far above the training rate, the loader is not what holds training back.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import time
+from typing import Any
 
 from scripts.common import run_main
+from scripts.images_as_bytes import images_as_bytes
 
 
-def loader_images_per_second(
-    dataset: str, batch: int, workers: int, waves: int = 3, prefetch: int | None = None, resolution: int = 384
-) -> dict[str, float]:
-    """Images/s of rfdetr's training DataLoader once all its workers are busy (the set must hold
-    `workers * (waves + 1)` batches)."""
+def training_data(dataset: str, batch: int, workers: int, prefetch: int | None = None, resolution: int = 384) -> Any:
+    """rfdetr's data module for the workflow's recipe, set up for training."""
     from rfdetr.config import RFDETRNanoConfig, TrainConfig
     from rfdetr.training.module_data import RFDETRDataModule
 
@@ -38,6 +40,26 @@ def loader_images_per_second(
     )
     data = RFDETRDataModule(model_config, train_config)
     data.setup("fit")
+    return data
+
+
+def milliseconds_per_image(dataset: str, images: int = 200) -> dict[str, float]:
+    """One process, no workers: the milliseconds one training image takes to read, decode and augment."""
+    samples = training_data(dataset, 1, 0).train_dataloader().dataset
+    for index in range(10):  # warm-up: imports, first allocations
+        samples[index]
+    started = time.perf_counter()
+    for index in range(10, 10 + images):
+        samples[index]
+    return {"images": images, "ms_per_image": round((time.perf_counter() - started) / images * 1000, 2)}
+
+
+def loader_images_per_second(
+    dataset: str, batch: int, workers: int, waves: int = 3, prefetch: int | None = None, resolution: int = 384
+) -> dict[str, float]:
+    """Images/s of rfdetr's training DataLoader once all its workers are busy (the set must hold
+    `workers * (waves + 1)` batches)."""
+    data = training_data(dataset, batch, workers, prefetch, resolution)
     # Every worker builds whole batches, so batches arrive in waves of `workers`: time from the end of the first
     # wave, when every worker is busy, over whole further waves.
     batches_seen, images, started = 0, 0, 0.0
@@ -66,8 +88,15 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=16)
     parser.add_argument("--waves", type=int, default=3, help="batches measured: workers x waves")
     parser.add_argument("--prefetch", type=int)
+    parser.add_argument("--images-as-bytes", action="store_true", help="as the train stage: scripts/images_as_bytes.py")
+    parser.add_argument("--one-process", action="store_true", help="milliseconds per image, without workers")
     args = parser.parse_args()
-    print(json.dumps(loader_images_per_second(args.dataset, args.batch, args.workers, args.waves, args.prefetch)))
+    with images_as_bytes() if args.images_as_bytes else contextlib.nullcontext():
+        if args.one_process:
+            result = milliseconds_per_image(args.dataset)
+        else:
+            result = loader_images_per_second(args.dataset, args.batch, args.workers, args.waves, args.prefetch)
+    print(json.dumps({**result, "images_as_bytes": args.images_as_bytes, "cpus": len(os.sched_getaffinity(0))}))
 
 
 if __name__ == "__main__":
