@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gc
 import hashlib
 import itertools
 import json
@@ -44,6 +45,7 @@ from scripts.common import (
 from scripts.deformable_sampling import deformable_sampling
 from scripts.ema_without_waiting import ema_without_waiting
 from scripts.gather_matched_targets import gather_matched_targets
+from scripts.gc_freeze import FullCollections, freeze_after_warmup_callback
 from scripts.gpu_profiles import Device, detect_device, resolve_profile, settle_profile
 from scripts.images_as_bytes import images_as_bytes
 from scripts.lr_log_on_device import lr_log_on_device
@@ -194,6 +196,8 @@ def lightning_callbacks(stop_at: int, epoch_log: Path) -> list[Any]:
         """Per epoch: train seconds, images, images/s, validation seconds, peak memory, and the LR and loss per
         step. Losses stay on the device until the epoch ends, so recording them adds no host sync per step."""
 
+        full_collections = FullCollections()  # the process's full garbage collections (scripts/gc_freeze.py)
+
         def on_train_epoch_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
             sync()
             self.record: dict[str, Any] = {"epoch": trainer.current_epoch, "images": 0, "lr": []}
@@ -202,6 +206,8 @@ def lightning_callbacks(stop_at: int, epoch_log: Path) -> list[Any]:
             # once the epoch ends, so timing a step costs no wait (the mid-epoch rate, without epoch boundaries).
             self.step_ends: list[Any] = []
             self.first_step_started: float | None = None
+            self.full_collections.start()
+            self.collections_before = (self.full_collections.count, self.full_collections.seconds)
             self.data_wait = 0.0  # host seconds between one step's end and the next one's start: the loader
             self.step_ended: float | None = None
             self.started = time.perf_counter()
@@ -237,6 +243,9 @@ def lightning_callbacks(stop_at: int, epoch_log: Path) -> list[Any]:
             sync()
             self.val_seconds += time.perf_counter() - self.val_started
 
+        def teardown(self, trainer: pl.Trainer, module: pl.LightningModule, stage: str) -> None:
+            self.full_collections.stop()
+
         def on_train_epoch_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
             sync()
             total = time.perf_counter() - self.started
@@ -252,6 +261,10 @@ def lightning_callbacks(stop_at: int, epoch_log: Path) -> list[Any]:
                 data_wait_seconds=round(self.data_wait, 3),
                 # epoch start to the first step: the loader's first batch (and any epoch-start work)
                 first_batch_seconds=round((self.first_step_started or time.perf_counter()) - self.started, 3),
+                # full garbage collections during the epoch (validation included): each stops the training thread
+                full_collections=self.full_collections.count - self.collections_before[0],
+                full_collection_seconds=round(self.full_collections.seconds - self.collections_before[1], 3),
+                frozen_objects=gc.get_freeze_count(),  # objects full collections skip (scripts/gc_freeze.py)
                 peak_memory_gb=round(torch.cuda.max_memory_allocated() / 2**30, 2) if torch.cuda.is_available() else 0,
             )
             if trainer.is_global_zero:
@@ -431,6 +444,7 @@ def run_rfdetr(
     callbacks = lightning_callbacks(end, Path(kwargs["output_dir"]) / "epochs.jsonl")
     if profile["compile"] and profile["cuda_graphs"]:
         callbacks.append(static_cuda_graphs_callback())
+    callbacks.append(freeze_after_warmup_callback())  # full garbage collections skip the compiled model's objects
     try:
         # Same values, less host work and no waits for the GPU within a step: the targets reach the GPU in one copy
         # per field; matching, the loss's box count, the learning-rate log and the EMA update are queued without

@@ -1,0 +1,73 @@
+"""Full garbage collections leave alone the objects that live as long as the training process.
+
+Once torch.compile, Lightning and rfdetr have built and compiled the model, the training process holds hundreds of
+thousands to millions of long-lived Python objects (FX graphs, guards, kernel wrappers, the model's modules).
+CPython's collector visits every one of them in each full (generation 2) collection, which it starts on its own,
+every so often, in the middle of a training step: the training thread stops for the whole collection, and on a
+GPU that waits for the host the GPU stops with it. With rfdetr's Nano built (not even compiled) a full collection
+takes 0.27 s on this project's 2-core CI machine (`python -m bench.full_collection`). In the seventh session's
+H200 runs the train stage had one step per epoch of 1.1-1.7 s against 0.16 s for the others; that these are
+collections is what `EpochLog`'s `full_collections` record (scripts/train.py) is there to show.
+
+`gc.freeze()` moves every object the collector tracks at that moment into a permanent generation that no
+collection visits. `FreezeAfterWarmup` (a Lightning callback) freezes after the first steps of every epoch, when
+that epoch's compiling and graph capture are done. The first freeze of a process follows a full collection, so no
+garbage is kept then; later ones do not collect (a full collection is the pause this avoids), so cyclic garbage
+made since the previous freeze and not yet collected is kept: at most what one epoch left behind. The model's
+values are untouched: only when the host frees memory changes.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from typing import Any
+
+FREEZE_AFTER_STEPS = 3  # the first steps of an epoch compile, capture graphs and fill the loader
+
+
+class FullCollections:
+    """Counts the full (generation 2) collections of this process and the seconds they take, from the moment
+    `start()` is called, through `gc.callbacks`."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.seconds = 0.0
+        self._started: float | None = None
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if info.get("generation") != 2:
+            return
+        if phase == "start":
+            self._started = time.perf_counter()
+        elif self._started is not None:
+            self.count += 1
+            self.seconds += time.perf_counter() - self._started
+            self._started = None
+
+    def start(self) -> None:
+        if self not in gc.callbacks:
+            gc.callbacks.append(self)
+
+    def stop(self) -> None:
+        if self in gc.callbacks:
+            gc.callbacks.remove(self)
+
+
+def freeze_after_warmup_callback(steps: int = FREEZE_AFTER_STEPS) -> Any:
+    """A Lightning callback that freezes the collector's tracked objects after `steps` steps of each epoch."""
+    import pytorch_lightning as pl
+
+    class FreezeAfterWarmup(pl.Callback):
+        def __init__(self) -> None:
+            self.collected_once = False
+
+        def on_train_batch_end(self, trainer: pl.Trainer, module: pl.LightningModule, *args: Any) -> None:
+            if args[-1] != steps - 1:  # batch_idx, the hook's last argument
+                return
+            if not self.collected_once:
+                gc.collect()
+                self.collected_once = True
+            gc.freeze()
+
+    return FreezeAfterWarmup()
