@@ -62,7 +62,10 @@ def test_every_stage_leaves_its_outputs(two_block_run, tiny_dataset):
         assert json.loads((folder / "stage.json").read_text())["where"] == "ramdisk"
         run = json.loads((folder / "run.json").read_text())
         assert run["profile"]["name"] == "cpu" and run["epochs"] == [epochs[0], epochs[0] + 1]
-        assert [r["epoch"] for r in json.loads((folder / "epochs.json").read_text())] == epochs
+        records = json.loads((folder / "epochs.json").read_text())
+        assert [r["epoch"] for r in records] == epochs
+        # the training process froze its objects after the epoch's first steps (scripts/gc_freeze.py)
+        assert all(r["frozen_objects"] > 10_000 and r["full_collections"] >= 0 for r in records)
         assert torch.load(folder / "checkpoint.ckpt", map_location="cpu", weights_only=False)["epoch"] == epochs[-1]
     assert not (workdir / "shm" / "rfdetr-coco2017").exists()
     # logs and benchmarks per rule
