@@ -171,9 +171,9 @@ def main() -> None:
             args.bench_profile,
         )
     if "stock" in summary and args.name in summary:
-        summary[f"{args.name}_over_stock"] = round(
-            summary[args.name]["steady_images_per_second"] / summary["stock"]["steady_images_per_second"], 3
-        )
+        for rate, suffix in (("steady_images_per_second", ""), ("mid_epoch_images_per_second", "_mid_epoch")):
+            if summary[args.name].get(rate) and summary["stock"].get(rate):
+                summary[f"{args.name}_over_stock{suffix}"] = round(summary[args.name][rate] / summary["stock"][rate], 3)
     args.out.mkdir(parents=True, exist_ok=True)
     summary_path.write_text(json.dumps(summary, indent=2))
     print(
