@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 import socket
 import threading
-import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -27,7 +26,8 @@ class Faults:
     once: dict[str, list[str]] = field(default_factory=dict)
     status: dict[str, int] = field(default_factory=dict)  # name -> HTTP status for every request
     ignore_range: bool = False
-    slow_seconds: float = 4.0  # how long a "slow" transfer takes
+    slow_seconds: float = 4.0  # how long a "slow" transfer takes, unless released
+    release: threading.Event = field(default_factory=threading.Event)  # set: a slow transfer sends the rest at once
 
 
 class ArchiveServer:
@@ -125,7 +125,7 @@ class ArchiveServer:
             for start in pieces:
                 handler.wfile.write(body[start : start + 256])
                 handler.wfile.flush()
-                time.sleep(self.faults.slow_seconds / len(pieces))
+                self.faults.release.wait(self.faults.slow_seconds / len(pieces))
             return
         if fault == "drop":
             half = body[: len(body) // 2]

@@ -281,10 +281,11 @@ def test_sigterm_of_a_training_job_loses_at_most_one_epoch(workdir, server, arch
 
 def test_a_second_invocation_in_the_same_folder_is_refused_while_the_first_runs(workdir, server):
     server.faults.once["train2017.zip"] = ["slow"]
-    server.faults.slow_seconds = 12  # the first run holds its lock at least this long; the second needs ~2 s
+    server.faults.slow_seconds = 60  # the first run holds its lock until the second one has been answered
     first = start_snakemake(workdir, VERIFIED)
     wait_for_job(first, "scripts.download --archive train2017")
     second = run_snakemake(workdir, VERIFIED)
+    server.faults.release.set()  # the rest of the archive at once
     assert second.returncode != 0 and "Directory cannot be locked" in second.stdout
     assert first.wait(timeout=300) == 0  # the first run was not disturbed
     assert gets(server, "train2017") == 1

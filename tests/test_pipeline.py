@@ -101,7 +101,7 @@ def test_a_second_run_has_nothing_to_do(two_block_run, module_server):
 def test_blocks_follow_the_learning_rate_schedule_of_one_uninterrupted_run(two_block_run, tmp_path, server, archives):
     workdir, _, _ = two_block_run
     write_config(tmp_path, tiny_config(tmp_path, server.url, archives, epochs=2, epochs_per_block=2))
-    result = run_snakemake(tmp_path)
+    result = run_snakemake(tmp_path, "results/train/block_01/checkpoint.ckpt")  # the block; its plot is not compared
     assert result.returncode == 0, result.stdout[-5000:]
     blocks = [
         json.loads((workdir / "results" / "train" / b / "epochs.json").read_text()) for b in ("block_01", "block_02")
