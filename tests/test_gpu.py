@@ -30,6 +30,9 @@ def test_the_train_rule_detects_the_gpu_profile_and_trains_two_blocks(workdir, s
         assert "matches" in run["profile_reason"] or "meet" in run["profile_reason"]
         epochs = json.loads((workdir / "results" / "train" / block / "epochs.json").read_text())
         assert epochs[0]["peak_memory_gb"] > 0 and epochs[0]["images_per_second"] > 0
+        # every step after the first timed on the GPU's clock; the process's objects frozen (scripts/gc_freeze.py)
+        assert all(seconds > 0 for seconds in epochs[0]["step_seconds"]) and epochs[0]["step_seconds"]
+        assert epochs[0]["frozen_objects"] > 10_000
     assert (
         "Host threads of the training process: 1"
         in (workdir / "results" / "logs" / "train" / "block_01.log").read_text()
