@@ -5,7 +5,7 @@ thousands to millions of long-lived Python objects (FX graphs, guards, kernel wr
 CPython's collector visits every one of them in each full (generation 2) collection, which it starts on its own,
 every so often, in the middle of a training step: the training thread stops for the whole collection, and on a
 GPU that waits for the host the GPU stops with it. With rfdetr's Nano built (not even compiled) a full collection
-takes 0.27 s on this project's 2-core CI machine (`python -m bench.full_collection`). In the seventh session's
+took 0.213 s on this project's 2-core development machine (`python -m bench.full_collection`). In the seventh session's
 H200 runs the train stage had one step per epoch of 1.1-1.7 s against 0.16 s for the others; that these are
 collections is what `EpochLog`'s `full_collections` record (scripts/train.py) is there to show.
 
@@ -62,8 +62,10 @@ def freeze_after_warmup_callback(steps: int = FREEZE_AFTER_STEPS) -> Any:
         def __init__(self) -> None:
             self.collected_once = False
 
-        def on_train_batch_end(self, trainer: pl.Trainer, module: pl.LightningModule, *args: Any) -> None:
-            if args[-1] != steps - 1:  # batch_idx, the hook's last argument
+        def on_train_batch_end(
+            self, trainer: pl.Trainer, module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+        ) -> None:
+            if batch_idx != steps - 1:
                 return
             if not self.collected_once:
                 gc.collect()

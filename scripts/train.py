@@ -196,7 +196,14 @@ def lightning_callbacks(stop_at: int, epoch_log: Path) -> list[Any]:
         """Per epoch: train seconds, images, images/s, validation seconds, peak memory, and the LR and loss per
         step. Losses stay on the device until the epoch ends, so recording them adds no host sync per step."""
 
-        full_collections = FullCollections()  # the process's full garbage collections (scripts/gc_freeze.py)
+        def __init__(self) -> None:
+            self.full_collections = FullCollections()  # the process's full garbage collections (gc_freeze.py)
+
+        def setup(self, trainer: pl.Trainer, module: pl.LightningModule, stage: str) -> None:
+            self.full_collections.start()
+
+        def teardown(self, trainer: pl.Trainer, module: pl.LightningModule, stage: str) -> None:
+            self.full_collections.stop()
 
         def on_train_epoch_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
             sync()
@@ -206,7 +213,6 @@ def lightning_callbacks(stop_at: int, epoch_log: Path) -> list[Any]:
             # once the epoch ends, so timing a step costs no wait (the mid-epoch rate, without epoch boundaries).
             self.step_ends: list[Any] = []
             self.first_step_started: float | None = None
-            self.full_collections.start()
             self.collections_before = (self.full_collections.count, self.full_collections.seconds)
             self.data_wait = 0.0  # host seconds between one step's end and the next one's start: the loader
             self.step_ended: float | None = None
@@ -242,9 +248,6 @@ def lightning_callbacks(stop_at: int, epoch_log: Path) -> list[Any]:
         def on_validation_epoch_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
             sync()
             self.val_seconds += time.perf_counter() - self.val_started
-
-        def teardown(self, trainer: pl.Trainer, module: pl.LightningModule, stage: str) -> None:
-            self.full_collections.stop()
 
         def on_train_epoch_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
             sync()
