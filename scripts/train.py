@@ -51,6 +51,7 @@ from scripts.images_as_bytes import images_as_bytes
 from scripts.lr_log_on_device import lr_log_on_device
 from scripts.matches_on_device import matches_on_device
 from scripts.matching_without_waiting import matching_without_waiting
+from scripts.next_epoch_during_validation import next_epoch_during_validation_callback
 from scripts.nice_loader_workers import nice_loader_workers
 from scripts.padding_in_one_copy import padding_in_one_copy
 from scripts.stage import remove_staged
@@ -448,6 +449,7 @@ def run_rfdetr(
     if profile["compile"] and profile["cuda_graphs"]:
         callbacks.append(static_cuda_graphs_callback())
     callbacks.append(freeze_after_warmup_callback())  # full garbage collections skip the compiled model's objects
+    callbacks.append(next_epoch_during_validation_callback())  # no wait for the first batches of an epoch
     try:
         # Same values, less host work and no waits for the GPU within a step: the targets reach the GPU in one copy
         # per field; matching, the loss's box count, the learning-rate log and the EMA update are queued without

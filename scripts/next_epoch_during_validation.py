@@ -1,0 +1,73 @@
+"""The loader's workers start on the next epoch's batches while the model validates.
+
+With persistent workers (rfdetr's default) PyTorch's DataLoader hands its workers the first indices of an epoch only
+when the epoch's iterator is asked for, at the start of the epoch. Every worker then decodes its first batch at the
+same moment, and nothing arrives for the time one worker takes for one batch: 128 images at ~7.5 ms each on an H200
+machine's CPU, about 1 s, plus the first steps' waits while the other batches trickle in. On the H200 (seventh
+session, BENCHMARKS.md) the train stage waited 1.4-2.1 s for the first batch of every epoch and ran its first 4-6
+steps at 0.2-0.7 s instead of 0.16 s.
+
+`next_epoch_during_validation_callback()` asks for the next epoch's iterator when validation starts, so the
+workers decode the first `prefetch_factor x workers` batches while the GPU validates. When the epoch starts,
+Lightning's own request gets that iterator, already primed. Nothing about the training changes: the sampler draws
+the epoch's order from the same random state (nothing between the start of validation and the start of the next
+epoch draws from it; `tests/test_next_epoch_during_validation.py` checks the batches are the same, in the same order),
+and Lightning sets the sampler's epoch (DDP) to the value we set here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scripts.common import log
+
+
+def set_sampler_epoch(loader: Any, epoch: int) -> None:
+    """What Lightning does at the start of an epoch: a sampler that shuffles by epoch (DDP) gets the epoch."""
+    for sampler in (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
+        if sampler is not None and hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)
+
+
+def start_next_epoch(loader: Any, epoch: int) -> bool:
+    """Reset `loader`'s persistent iterator for `epoch` now; its next `iter()` returns it without a second reset.
+    False (nothing done) for a loader without persistent workers, whose iterator is made anew each epoch."""
+    if not (getattr(loader, "persistent_workers", False) and getattr(loader, "num_workers", 0) > 0):
+        return False
+    set_sampler_epoch(loader, epoch)
+    iterator = iter(loader)  # DataLoader.__iter__: the persistent iterator, reset and primed
+    if getattr(loader, "_iterator", None) is not iterator or not hasattr(iterator, "_reset"):
+        raise RuntimeError(
+            "scripts/next_epoch_during_validation.py was written for torch's DataLoader that keeps one iterator "
+            "per loader with persistent workers and resets it on iter(); this torch does otherwise. Remove the "
+            "callback from scripts/train.py (run_rfdetr) or adapt it."
+        )
+
+    def already_reset(loader: Any, first_iter: bool = False) -> None:
+        del iterator._reset  # later epochs reset as usual
+
+    iterator._reset = already_reset
+    return True
+
+
+def next_epoch_during_validation_callback() -> Any:
+    """A Lightning callback: when validation starts at an epoch's end, the training loader starts the next epoch."""
+    import pytorch_lightning as pl
+    from pytorch_lightning.trainer.states import TrainerFn
+
+    class NextEpochDuringValidation(pl.Callback):
+        def __init__(self) -> None:
+            self.started_early = 0  # epochs whose loading began during the previous validation
+
+        def on_validation_epoch_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+            if trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING:
+                return
+            next_epoch = trainer.current_epoch + 1
+            # Only at an epoch's end (not a validation in mid-epoch), and only when another epoch follows.
+            if not trainer.fit_loop.epoch_loop.batch_progress.is_last_batch or next_epoch >= trainer.max_epochs:
+                return
+            if start_next_epoch(trainer.train_dataloader, next_epoch):
+                self.started_early += 1
+                log.info("Epoch %d: the loader's workers start on it during this validation", next_epoch)
+
+    return NextEpochDuringValidation()

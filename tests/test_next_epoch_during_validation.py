@@ -1,0 +1,112 @@
+"""While the model validates, the loader's workers already decode the next epoch's first batches; the batches and
+their order stay those of a run without it."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from scripts.next_epoch_during_validation import next_epoch_during_validation_callback, start_next_epoch
+
+SECONDS_PER_ITEM = 0.25  # a worker takes 1 s for a batch of 4
+VALIDATION_SECONDS = 0.8  # per validation batch; two of them: longer than one batch's loading
+
+
+class SlowItems(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        time.sleep(SECONDS_PER_ITEM)
+        return torch.full((4,), float(index)), index
+
+
+def fit(tmp_path, early: bool):
+    """Three epochs of a small model with dropout (it draws from torch's random state at every step), on a shuffled
+    loader with persistent workers as rfdetr's; returns the indices of every batch and the seconds each epoch
+    waited for its first batch."""
+    import pytorch_lightning as pl
+
+    class Model(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Sequential(torch.nn.Dropout(0.5), torch.nn.Linear(4, 1))
+            self.batches: list[list[int]] = []
+            self.first_batch_wait: list[float] = []
+
+        def on_train_epoch_start(self) -> None:
+            self.epoch_started = time.perf_counter()
+
+        def on_train_batch_start(self, batch, batch_idx) -> None:
+            if batch_idx == 0:
+                self.first_batch_wait.append(time.perf_counter() - self.epoch_started)
+
+        def training_step(self, batch, batch_idx):
+            values, indices = batch
+            self.batches.append(indices.tolist())
+            return self.layer(values).sum()
+
+        def validation_step(self, batch, batch_idx) -> None:
+            time.sleep(VALIDATION_SECONDS)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+        def train_dataloader(self):
+            return torch.utils.data.DataLoader(
+                SlowItems(), batch_size=4, shuffle=True, num_workers=2, persistent_workers=True
+            )
+
+        def val_dataloader(self):
+            return torch.utils.data.DataLoader(torch.zeros(2, 4), batch_size=1)
+
+    pl.seed_everything(7, workers=True)
+    model = Model()
+    early_start = next_epoch_during_validation_callback() if early else None
+    trainer = pl.Trainer(
+        max_epochs=3,
+        accelerator="cpu",
+        callbacks=[early_start] if early_start else [],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        num_sanity_val_steps=0,  # as rfdetr's trainer
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(model)
+    return model.batches, model.first_batch_wait, early_start
+
+
+def test_the_next_epochs_first_batch_is_ready_when_validation_ends_and_the_batches_are_the_same(tmp_path):
+    batches, waits, _ = fit(tmp_path / "plain", early=False)
+    early_batches, early_waits, callback = fit(tmp_path / "early", early=True)
+
+    assert len(batches) == 6 and sorted(sum(batches[:2], [])) == list(range(8))
+    assert early_batches == batches  # the same images, in the same order, every epoch
+    assert callback.started_early == 2  # epochs 1 and 2 (epoch 0 starts before any validation; none follows 2)
+    # Without: each epoch waits for one batch's loading (1 s). With: epochs 1 and 2 find their batch ready.
+    assert min(waits[1:]) >= 4 * SECONDS_PER_ITEM * 0.9
+    assert max(early_waits[1:]) < 0.5
+
+
+def test_a_loader_without_persistent_workers_is_left_alone():
+    loader = torch.utils.data.DataLoader(SlowItems(), batch_size=4, num_workers=0)
+    assert start_next_epoch(loader, 1) is False
+    assert getattr(loader, "_iterator", None) is None
+
+
+def test_a_sampler_that_shuffles_by_epoch_gets_the_next_epoch():
+    epoch = 3
+    dataset = SlowItems()
+    sampler = torch.utils.data.distributed.DistributedSampler(dataset, num_replicas=1, rank=0)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=4, sampler=sampler, num_workers=1, persistent_workers=True)
+    try:
+        assert start_next_epoch(loader, epoch) is True
+        assert sampler.epoch == epoch
+        primed = iter(loader)  # as Lightning asks at the epoch's start: the same iterator, not reset again
+        assert primed is loader._iterator
+        first = next(primed)
+        assert first[1].tolist() == list(sampler)[:4]
+    finally:
+        loader._iterator._shutdown_workers()
