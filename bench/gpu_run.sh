@@ -3,6 +3,7 @@
 # usage: bench/gpu_run.sh stock|pipeline|ddp|recompiles|levers|profile      (OUT: folder for results; default /tmp/bench-out)
 #        levers: VARIANT='<a gpu_profiles row as JSON>' [TRAIN='<train settings as JSON>'] NAME=<name> [EPOCHS=3] [LOADER_WORKERS='16 32']
 #                [SPLIT_CPUS=1: half the CPUs each] bench/gpu_run.sh levers
+#        noise:  [EPOCHS=3] [SPLIT_CPUS=1] bench/gpu_run.sh noise   (the stock recipe twice, at once: its run-to-run noise)
 #        (two GPUs)
 # Needs the wheelhouse in .whl (../shared/gpu/wheelhouse.sh -d .whl) and ../shared/gpu/synth_coco.py.
 set -euo pipefail
@@ -56,6 +57,23 @@ case $phase in
             done <<< "${PAIRS:-stock||matches_on_device|--matches-on-device}"
             kill $dmon || true
             for f in /tmp/profile-*.log; do grep -v "it/s" "$f" | tail -c 50000 > "$OUT/$(basename "$f")"; done
+            exit 0 ;;
+  noise)    # the stock recipe on GPU 0 and GPU 1 at the same time, same set, seed and epochs: how far two runs of
+            # the same recipe drift apart step by step, to read a lever's loss differences against (bench.side_by_side)
+            epochs=${EPOCHS:-3}; pin0=; pin1=
+            if [ "${SPLIT_CPUS:-0}" = 1 ]; then
+              read -r cpus0 cpus1 < <(python3 -m bench.cpu_halves)
+              pin0="taskset -c $cpus0"; pin1="taskset -c $cpus1"
+              echo "stock on CPUs $cpus0 and on CPUs $cpus1" | tee -a "$OUT/env-$phase.txt"
+            fi
+            for gpu in 0 1; do
+              pin=pin$gpu
+              CUDA_VISIBLE_DEVICES=$gpu ${!pin} timeout "${LIMIT:-520}" python3 -m bench.compare --dataset "$DATA" \
+                --out "/tmp/n-stock$gpu" --only stock --stock-epochs "$epochs" > "$OUT/compare-noise-stock$gpu.txt" 2>&1 &
+            done
+            wait || true
+            for gpu in 0 1; do cp "/tmp/n-stock$gpu/summary.json" "$OUT/summary-noise-stock$gpu.json" || true; done
+            python3 -m bench.side_by_side --out "$OUT/noise" /tmp/n-stock0/summary.json /tmp/n-stock1/summary.json
             exit 0 ;;
   levers)   # the stock recipe on GPU 0 and the workflow with the profile row VARIANT on GPU 1, at the same time,
             # same set, seed and epochs; then speed ratios and per-step loss differences (bench.side_by_side)
