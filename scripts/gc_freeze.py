@@ -5,9 +5,10 @@ thousands to millions of long-lived Python objects (FX graphs, guards, kernel wr
 CPython's collector visits every one of them in each full (generation 2) collection, which it starts on its own,
 every so often, in the middle of a training step: the training thread stops for the whole collection, and on a
 GPU that waits for the host the GPU stops with it. With rfdetr's Nano built (not even compiled) a full collection
-took 0.213 s on this project's 2-core development machine (`python -m bench.full_collection`). In the seventh session's
-H200 runs the train stage had one step per epoch of 1.1-1.7 s against 0.16 s for the others; that these are
-collections is what `EpochLog`'s `full_collections` record (scripts/train.py) is there to show.
+took 0.213 s on this project's 2-core development machine (`python -m bench.full_collection`). On the H200
+(BENCHMARKS.md, eighth session) the notebook's recipe, which does not freeze, had one full collection of 1.0-1.4 s in
+its third epoch, stopping a step for 1.4-1.8 s; the train stage, with the freeze, three per epoch taking 0.02 s
+together, with about 1.56 million objects frozen (`EpochLog`'s `full_collections` records, scripts/train.py).
 
 `gc.freeze()` moves every object the collector tracks at that moment into a permanent generation that no
 collection visits. `FreezeAfterWarmup` (a Lightning callback) freezes after the first steps of every epoch, when

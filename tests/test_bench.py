@@ -44,6 +44,27 @@ def test_every_run_gets_its_ratio_to_the_first_stock_run_and_its_loss_difference
     assert lever["loss_vs_reference"]["mean_abs_difference"] == 0.25  # (|9.5 - 9| + |5 - 5|) / 2
 
 
+def test_every_pair_of_runs_across_calls_gets_its_loss_difference_and_its_kind():
+    from bench.loss_pairs import loss_pairs, named_runs
+
+    runs = named_runs(
+        {
+            "callA-summary": {"stock": run(300.0, [10.0, 8.0], batch=128)},
+            "callB-summary": {"stock": run(310.0, [10.0, 8.5], batch=128), "lever": run(600.0, [9.0, 8.0], batch=128)},
+        }
+    )
+    rows = {tuple(row["pair"]): row for row in loss_pairs(runs)}
+    assert set(rows) == {
+        ("callA-summary/stock", "callB-summary/stock"),
+        ("callA-summary/stock", "callB-summary/lever"),
+        ("callB-summary/stock", "callB-summary/lever"),
+    }
+    noise = rows[("callA-summary/stock", "callB-summary/stock")]
+    assert noise["kind"] == "stock-stock" and noise["mean_abs_difference"] == 0.25
+    assert rows[("callB-summary/stock", "callB-summary/lever")]["kind"] == "stock-other"
+    assert rows[("callB-summary/stock", "callB-summary/lever")]["mean_abs_difference"] == 0.75
+
+
 def test_without_a_stock_run_it_says_what_to_run_first():
     with pytest.raises(SystemExit, match="bench.compare --only stock"):
         side_by_side({"call": {"lever": run(400.0, [1.0], batch=128)}})

@@ -1,0 +1,58 @@
+"""Per-step loss differences between every pair of runs, across calls: is a lever's drift from the stock recipe
+larger than two stock runs drift from each other?
+
+usage: python -m bench.loss_pairs SUMMARY.json [SUMMARY.json ...]
+
+Each summary is a `bench.compare` summary.json (copied out of its call under any name); every run in it is named
+<file stem>/<run>. All runs must have the same seed, data and batch, so that step i saw the same images in each.
+Prints, for every pair, the mean and largest absolute difference of the per-step training loss and the mean of
+the last 20 steps of both, and the pairs' kind: stock-stock pairs are the recipe's run-to-run noise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+from bench.side_by_side import loss_difference, step_losses
+from scripts.common import read_json, run_main
+
+
+def named_runs(summaries: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {
+        f"{label}/{name}": run
+        for label, summary in summaries.items()
+        for name, run in summary.items()
+        if isinstance(run, dict) and run.get("records")
+    }
+
+
+def loss_pairs(runs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per pair of runs: their kind (stock-stock, stock-other, other-other) and loss differences."""
+    rows = []
+    for first, second in itertools.combinations(runs, 2):
+        stock = sum(name.endswith("/stock") for name in (first, second))
+        kind = {2: "stock-stock", 1: "stock-other", 0: "other-other"}[stock]
+        rows.append(
+            {
+                "pair": [first, second],
+                "kind": kind,
+                **loss_difference(step_losses(runs[first]), step_losses(runs[second])),
+            }
+        )
+    return sorted(rows, key=lambda row: (row["kind"], row.get("mean_abs_difference", 0)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("summaries", nargs="+", type=Path)
+    args = parser.parse_args()
+    rows = loss_pairs(named_runs({path.stem: read_json(path) for path in args.summaries}))
+    print(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    run_main(main)
