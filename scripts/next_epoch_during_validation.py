@@ -64,8 +64,9 @@ def next_epoch_during_validation_callback() -> Any:
             if trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING:
                 return
             next_epoch = trainer.current_epoch + 1
+            last_epoch = trainer.max_epochs is not None and 0 <= trainer.max_epochs <= next_epoch
             # Only at an epoch's end (not a validation in mid-epoch), and only when another epoch follows.
-            if not trainer.fit_loop.epoch_loop.batch_progress.is_last_batch or next_epoch >= trainer.max_epochs:
+            if not trainer.fit_loop.epoch_loop.batch_progress.is_last_batch or last_epoch or trainer.should_stop:
                 return
             if start_next_epoch(trainer.train_dataloader, next_epoch):
                 self.started_early += 1
