@@ -21,6 +21,16 @@ fi
 { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; nproc
   python3 -c 'import torch, importlib.metadata as m; print("torch", torch.__version__, "rfdetr", m.version("rfdetr"), "snakemake", m.version("snakemake"))'
 } > "$OUT/env-$phase.txt" 2>&1
+# SPLIT_CPUS=1: pin0/pin1 become taskset prefixes giving each of the two processes half the cores
+# (bench/cpu_halves.py says why); otherwise both are empty and the processes share every core.
+split_cpus() {
+  pin0=; pin1=
+  if [ "${SPLIT_CPUS:-0}" = 1 ]; then
+    read -r cpus0 cpus1 < <(python3 -m bench.cpu_halves)
+    pin0="taskset -c $cpus0"; pin1="taskset -c $cpus1"
+    echo "GPU 0's process on CPUs $cpus0, GPU 1's on CPUs $cpus1" | tee -a "$OUT/env-$phase.txt"
+  fi
+}
 case $phase in
   stock)    CUDA_VISIBLE_DEVICES=0 python3 -m bench.compare --dataset "$DATA" --out /tmp/bench --only stock --stock-epochs 2 ;;
   pipeline) CUDA_VISIBLE_DEVICES=0 python3 -m bench.compare --dataset "$DATA" --out /tmp/bench --only pipeline --pipeline-epochs 4 --epochs-per-block 2 ;;
@@ -60,12 +70,7 @@ case $phase in
             exit 0 ;;
   noise)    # the stock recipe on GPU 0 and GPU 1 at the same time, same set, seed and epochs: how far two runs of
             # the same recipe drift apart step by step, to read a lever's loss differences against (bench.side_by_side)
-            epochs=${EPOCHS:-3}; pin0=; pin1=
-            if [ "${SPLIT_CPUS:-0}" = 1 ]; then
-              read -r cpus0 cpus1 < <(python3 -m bench.cpu_halves)
-              pin0="taskset -c $cpus0"; pin1="taskset -c $cpus1"
-              echo "stock on CPUs $cpus0 and on CPUs $cpus1" | tee -a "$OUT/env-$phase.txt"
-            fi
+            epochs=${EPOCHS:-3}; split_cpus
             for gpu in 0 1; do
               pin=pin$gpu
               CUDA_VISIBLE_DEVICES=$gpu ${!pin} timeout "${LIMIT:-520}" python3 -m bench.compare --dataset "$DATA" \
@@ -82,12 +87,7 @@ case $phase in
               [ "$workers" = 0 ] && continue
               python3 -m bench.loader --dataset "$DATA" --workers "$workers" --batch "${LOADER_BATCH:-128}" >> "$OUT/loader.json" 2> "$OUT/loader.log" || true
             done
-            pin0=; pin1=
-            if [ "${SPLIT_CPUS:-0}" = 1 ]; then  # half the cores each (bench/cpu_halves.py says why)
-              read -r cpus0 cpus1 < <(python3 -m bench.cpu_halves)
-              pin0="taskset -c $cpus0"; pin1="taskset -c $cpus1"
-              echo "stock on CPUs $cpus0, the workflow on CPUs $cpus1" | tee -a "$OUT/env-$phase.txt"
-            fi
+            split_cpus  # the stock recipe on GPU 0, the workflow on GPU 1
             nvidia-smi dmon -s u -d 2 > "$OUT/dmon-$name.txt" 2>&1 & dmon=$!
             CUDA_VISIBLE_DEVICES=0 $pin0 timeout "${LIMIT:-520}" python3 -m bench.compare --dataset "$DATA" \
               --out "/tmp/b-$name-stock" --only stock --stock-epochs "$epochs" > "$OUT/compare-$name-stock.txt" 2>&1 & stock=$!

@@ -17,17 +17,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench.side_by_side import loss_difference, step_losses
+from bench.side_by_side import loss_difference, named_runs, step_losses
 from scripts.common import read_json, run_main
-
-
-def named_runs(summaries: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    return {
-        f"{label}/{name}": run
-        for label, summary in summaries.items()
-        for name, run in summary.items()
-        if isinstance(run, dict) and run.get("records")
-    }
 
 
 def loss_pairs(runs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:

@@ -61,14 +61,19 @@ def loss_difference(reference: list[float], other: list[float]) -> dict[str, Any
     }
 
 
-def runs_and_reference(summaries: dict[str, dict[str, Any]]) -> tuple[dict[str, dict[str, Any]], str]:
-    """Every run of every summary as <folder>/<run>, and the name of the first stock run."""
-    runs = {
-        f"{folder}/{name}": run
-        for folder, summary in summaries.items()
+def named_runs(summaries: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Every run of every summary (keyed by a label: its folder, its file), as <label>/<run>."""
+    return {
+        f"{label}/{name}": run
+        for label, summary in summaries.items()
         for name, run in summary.items()
         if isinstance(run, dict) and "steady_images_per_second" in run
     }
+
+
+def runs_and_reference(summaries: dict[str, dict[str, Any]]) -> tuple[dict[str, dict[str, Any]], str]:
+    """Every run of every summary as <folder>/<run>, and the name of the first stock run."""
+    runs = named_runs(summaries)
     stock = [name for name in runs if name.endswith("/stock")]
     if not stock:
         raise SystemExit("No stock run in these summaries: run bench.compare --only stock first.")

@@ -23,19 +23,14 @@ from typing import Any
 from scripts.common import log
 
 
-def set_sampler_epoch(loader: Any, epoch: int) -> None:
-    """What Lightning does at the start of an epoch: a sampler that shuffles by epoch (DDP) gets the epoch."""
-    for sampler in (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
-        if sampler is not None and hasattr(sampler, "set_epoch"):
-            sampler.set_epoch(epoch)
-
-
 def start_next_epoch(loader: Any, epoch: int) -> bool:
     """Reset `loader`'s persistent iterator for `epoch` now; its next `iter()` returns it without a second reset.
     False (nothing done) for a loader without persistent workers, whose iterator is made anew each epoch."""
+    from lightning_fabric.utilities.data import _set_sampler_epoch
+
     if not (getattr(loader, "persistent_workers", False) and getattr(loader, "num_workers", 0) > 0):
         return False
-    set_sampler_epoch(loader, epoch)
+    _set_sampler_epoch(loader, epoch)  # what Lightning's fit loop does at the epoch's start (DDP's shuffle)
     iterator = iter(loader)  # DataLoader.__iter__: the persistent iterator, reset and primed
     if getattr(loader, "_iterator", None) is not iterator or not hasattr(iterator, "_reset"):
         raise RuntimeError(

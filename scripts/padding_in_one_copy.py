@@ -12,10 +12,10 @@ sequence lengths (known there) and sent to the GPU without waiting. The result i
 element (`tests/test_padding_in_one_copy.py`). Calls it does not cover (not batch-first, left padding, one
 sequence) go to torch's function.
 
-On the H200, beside the same step without it, it took the train stage's extensions from 721.9 to 789.3 images/s
-mid-epoch (BENCHMARKS.md, seventh session); the train stage uses it (`scripts/train.py: run_rfdetr`). It
-replaces the name `pad_sequence` in rfdetr's private `models.matcher` module, so it refuses any rfdetr version but
-the one it was checked against.
+On the H200, beside the same steps without it, it took the train stage's extensions from 721.9 to 789.3 images/s
+(the unprofiled steps of a `bench.profile_steps` pair, BENCHMARKS.md, seventh session); the train stage uses it
+(`scripts/train.py: run_rfdetr`). It replaces the name `pad_sequence` in rfdetr's private `models.matcher` module,
+so it refuses any rfdetr version but the one it was checked against.
 """
 
 from __future__ import annotations

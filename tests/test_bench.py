@@ -45,7 +45,8 @@ def test_every_run_gets_its_ratio_to_the_first_stock_run_and_its_loss_difference
 
 
 def test_every_pair_of_runs_across_calls_gets_its_loss_difference_and_its_kind():
-    from bench.loss_pairs import loss_pairs, named_runs
+    from bench.loss_pairs import loss_pairs
+    from bench.side_by_side import named_runs
 
     runs = named_runs(
         {
