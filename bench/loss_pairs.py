@@ -1,7 +1,7 @@
 """Per-step loss differences between every pair of runs, across calls: is a lever's drift from the stock recipe
 larger than two stock runs drift from each other?
 
-usage: python -m bench.loss_pairs SUMMARY.json [SUMMARY.json ...]
+usage: python -m bench.loss_pairs [--first-steps N] SUMMARY.json [SUMMARY.json ...]
 
 Each summary is a `bench.compare` summary.json (copied out of its call under any name); every run in it is named
 <file stem>/<run>. All runs must have the same seed, data and batch, so that step i saw the same images in each.
@@ -21,8 +21,9 @@ from bench.side_by_side import loss_difference, named_runs, step_losses
 from scripts.common import read_json, run_main
 
 
-def loss_pairs(runs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per pair of runs: their kind (stock-stock, stock-other, other-other) and loss differences."""
+def loss_pairs(runs: dict[str, dict[str, Any]], first_steps: int | None = None) -> list[dict[str, Any]]:
+    """One row per pair of runs: their kind (stock-stock, stock-other, other-other) and loss differences, over
+    the first `first_steps` steps (None: every step both made)."""
     rows = []
     for first, second in itertools.combinations(runs, 2):
         stock = sum(name.endswith("/stock") for name in (first, second))
@@ -31,7 +32,7 @@ def loss_pairs(runs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             {
                 "pair": [first, second],
                 "kind": kind,
-                **loss_difference(step_losses(runs[first]), step_losses(runs[second])),
+                **loss_difference(step_losses(runs[first])[:first_steps], step_losses(runs[second])[:first_steps]),
             }
         )
     return sorted(rows, key=lambda row: (row["kind"], row.get("mean_abs_difference", 0)))
@@ -39,9 +40,10 @@ def loss_pairs(runs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--first-steps", type=int, help="only the first N steps of each run")
     parser.add_argument("summaries", nargs="+", type=Path)
     args = parser.parse_args()
-    rows = loss_pairs(named_runs({path.stem: read_json(path) for path in args.summaries}))
+    rows = loss_pairs(named_runs({path.stem: read_json(path) for path in args.summaries}), args.first_steps)
     print(json.dumps(rows, indent=1))
 
 

@@ -64,6 +64,8 @@ def test_every_pair_of_runs_across_calls_gets_its_loss_difference_and_its_kind()
     assert noise["kind"] == "stock-stock" and noise["mean_abs_difference"] == 0.25
     assert rows[("callB-summary/stock", "callB-summary/lever")]["kind"] == "stock-other"
     assert rows[("callB-summary/stock", "callB-summary/lever")]["mean_abs_difference"] == 0.75
+    first_step_only = {tuple(row["pair"]): row for row in loss_pairs(runs, first_steps=1)}
+    assert first_step_only[("callB-summary/stock", "callB-summary/lever")]["mean_abs_difference"] == 1.0
 
 
 def test_without_a_stock_run_it_says_what_to_run_first():
