@@ -23,9 +23,9 @@ from typing import Any
 
 import yaml
 
-from scripts.blocks import block_name, block_ranges
-from scripts.common import read_json
-from scripts.verify_counts import count_images
+from pipeline.blocks import block_name, block_ranges
+from pipeline.common import read_json
+from pipeline.dataset import count_images
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import NamedTuple
 
-from scripts.common import run_main
+from pipeline.common import run_main
 
 SYSFS = Path("/sys/devices/system")
 

@@ -27,9 +27,9 @@ from typing import Any
 
 import yaml
 
+from pipeline.dataset import count_images
 from scripts.download import md5_of_file
 from scripts.stage import manifest_of, stage_dataset
-from scripts.verify_counts import count_images
 
 REPO = Path(__file__).resolve().parents[1]
 FOLDERS = {"annotations_trainval2017": "annotations", "val2017": "val2017", "train2017": "train2017"}

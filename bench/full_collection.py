@@ -4,7 +4,7 @@ usage: python -m bench.full_collection [--resolution 384]
 
 Builds rfdetr's Nano as the train stage does (no compile: that would take minutes on a CPU and only add objects),
 then times full collections (the best of 3) with every object tracked, and after `gc.freeze()` as
-scripts/gc_freeze.py does it during training.
+the gc_freeze speedup does it during training.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import gc
 import json
 import time
 
-from scripts.common import run_main
+from pipeline.common import run_main
 
 
 def full_collection_seconds(repeats: int = 3) -> float:

@@ -5,7 +5,7 @@
 #                [SPLIT_CPUS=1: half the CPUs each] bench/gpu_run.sh levers
 #        noise:  [EPOCHS=3] [SPLIT_CPUS=1] bench/gpu_run.sh noise   (the stock recipe twice, at once: its run-to-run noise)
 #        (two GPUs)
-# Needs the wheelhouse in .whl (../shared/gpu/wheelhouse.sh -d .whl) and ../shared/gpu/synth_coco.py.
+# Needs the wheelhouse in .whl (../shared/gpu/wheelhouse.sh -d .whl); the data comes from bench/synth_coco.py.
 set -euo pipefail
 phase=$1
 OUT=${OUT:-/tmp/bench-out}
@@ -16,7 +16,7 @@ if [ ! -d /tmp/site ]; then
 fi
 export PYTHONPATH=/tmp/site:$PWD
 if [ ! -f "$DATA/annotations/instances_val2017.json" ]; then
-  python3 "$(ls ../shared/gpu/synth_coco.py .gpu/synth_coco.py 2>/dev/null | head -1)" "$DATA" "${N_TRAIN:-4096}" "${N_VAL:-500}"
+  python3 bench/synth_coco.py "$DATA" "${N_TRAIN:-4096}" "${N_VAL:-500}"
 fi
 { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; nproc
   python3 -c 'import torch, importlib.metadata as m; print("torch", torch.__version__, "rfdetr", m.version("rfdetr"), "snakemake", m.version("snakemake"))'

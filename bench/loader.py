@@ -17,8 +17,8 @@ import os
 import time
 from typing import Any
 
-from scripts.common import run_main
-from scripts.images_as_bytes import images_as_bytes
+from pipeline.common import run_main
+from rfdetr_extensions.patches.images_as_bytes import images_as_bytes
 
 
 def training_data(dataset: str, batch: int, workers: int, prefetch: int | None = None, resolution: int = 384) -> Any:
@@ -88,7 +88,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=16)
     parser.add_argument("--waves", type=int, default=3, help="batches measured: workers x waves")
     parser.add_argument("--prefetch", type=int)
-    parser.add_argument("--images-as-bytes", action="store_true", help="as the train stage: scripts/images_as_bytes.py")
+    parser.add_argument(
+        "--images-as-bytes", action="store_true", help="as the train stage: the images_as_bytes speedup"
+    )
     parser.add_argument("--one-process", action="store_true", help="milliseconds per image, without workers")
     args = parser.parse_args()
     with images_as_bytes() if args.images_as_bytes else contextlib.nullcontext():

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.side_by_side import loss_difference, named_runs, step_losses
-from scripts.common import read_json, run_main
+from pipeline.common import read_json, run_main
 
 
 def loss_pairs(runs: dict[str, dict[str, Any]], first_steps: int | None = None) -> list[dict[str, Any]]:

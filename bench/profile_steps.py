@@ -1,17 +1,16 @@
 """Where a training step of the notebook's recipe spends its time: how busy the GPU is, and on what.
 
 usage: python -m bench.profile_steps --dataset DIR --out FILE.json [--batch 128] [--start 30] [--steps 6]
-           [--variant stock|eager|eager_graphs] [--matches-on-device] [--targets-one-copy] [--gather-targets]
-           [--ema-without-waiting] [--matching-without-waiting] [--lr-on-device] [--images-as-bytes]
-           [--deformable-sampling] [--padding-in-one-copy] [--static-graphs]
-           [--nice-workers N] [--threads N] [--sync-debug] [--resolution N] [--trace]
+           [--variant stock|eager|eager_graphs] [--speedups none|all|NAME,...|all,-NAME,...] [--loader-niceness N]
+           [--threads N] [--sync-debug] [--resolution N] [--trace]
 
-Runs the notebook's `train()` call (bench.stock_recipe). Steps [start - 2*steps, start) are timed with no profiler
-(the rate a user gets); steps [start, start + steps) run under torch.profiler. Then it writes, per step: wall
-seconds, GPU-busy seconds (the union of every kernel, copy and memset interval on the device), the host seconds of
-each phase of Lightning's step (forward + loss, backward, optimizer + callbacks, waiting for data), the host's time
-blocked in synchronising CUDA calls, call counts, and the kernels that take most GPU time. Then the process exits,
-before any validation.
+Runs the notebook's `train()` call (bench.stock_recipe) with the speedups of the workflow's registry that
+`--speedups` names (`python -m rfdetr_extensions` lists them; `static_cuda_graphs` also turns on compile and
+cuda_graphs). Steps [start - 2*steps, start) are timed with no profiler (the rate a user gets); steps
+[start, start + steps) run under torch.profiler. Then it writes, per step: wall seconds, GPU-busy seconds (the union
+of every kernel, copy and memset interval on the device), the host seconds of each phase of Lightning's step
+(forward + loss, backward, optimizer + callbacks, waiting for data), the host's time blocked in synchronising CUDA
+calls, call counts, and the kernels that take most GPU time. Then the process exits, before any validation.
 
 If the GPU is busy a fraction f of a step, a step made of the same kernels cannot run faster than f times the
 step's time however little the host does: 1/f is the ceiling on the speed-up from removing host overhead.
@@ -20,11 +19,9 @@ step's time however little the host does: 1/f is the ceiling on the speed-up fro
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import json
 import os
-import pkgutil
 import resource
 import sys
 import time
@@ -32,21 +29,9 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from scripts.common import run_main
+from pipeline.common import run_main
 
 VARIANTS = {"stock": (None, None), "eager": (False, False), "eager_graphs": (False, True)}
-# The workflow's extensions of rfdetr: each a flag (--matches-on-device, ...) and a part of the variant's name.
-EXTENSIONS = {
-    "matches_on_device": "scripts.matches_on_device:matches_on_device",
-    "targets_one_copy": "scripts.targets_one_copy:targets_one_copy",
-    "gather_targets": "scripts.gather_matched_targets:gather_matched_targets",
-    "ema_without_waiting": "scripts.ema_without_waiting:ema_without_waiting",
-    "matching_without_waiting": "scripts.matching_without_waiting:matching_without_waiting",
-    "lr_on_device": "scripts.lr_log_on_device:lr_log_on_device",
-    "images_as_bytes": "scripts.images_as_bytes:images_as_bytes",
-    "deformable_sampling": "scripts.deformable_sampling:deformable_sampling",
-    "padding_in_one_copy": "scripts.padding_in_one_copy:padding_in_one_copy",
-}
 # Host-side CUDA calls that wait for the GPU (a blocking copy to the host is a cudaMemcpyAsync that waits too).
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
 LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC")
@@ -210,7 +195,7 @@ def profile_callback(
             from rfdetr.models.matcher import HungarianMatcher
             from torch.autograd import DeviceType
 
-            flags = getattr(HungarianMatcher._match_many, "safety_flags", None)  # scripts/matching_without_waiting.py
+            flags = getattr(HungarianMatcher._match_many, "safety_flags", None)  # matching_without_waiting
             if flags is not None:
                 self.result["matchings"] = {
                     "queued": flags.steps,
@@ -250,7 +235,25 @@ def profile_callback(
     return StepProfile()
 
 
+def parse_speedups(value: str) -> str | list[str]:
+    """--speedups: none, all, names separated by commas, or all but some: "all,-name,-name"."""
+    from rfdetr_extensions import NAMES
+
+    if value in ("none", "all"):
+        return value
+    names = [name for name in value.split(",") if name]
+    if names[0] == "all":
+        left_out = {name.removeprefix("-") for name in names[1:]}
+        if left_out - set(NAMES):
+            raise ValueError(f"unknown speedups: {sorted(left_out - set(NAMES))}")
+        return [name for name in NAMES if name not in left_out]
+    return names
+
+
 def main() -> None:
+    from rfdetr_extensions import SpeedupOptions, applied, select_speedups
+    from rfdetr_extensions.patching import installed_rfdetr
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", required=True)
     parser.add_argument("--out", required=True, type=Path)
@@ -259,53 +262,44 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--variant", choices=sorted(VARIANTS), default="stock")
     parser.add_argument("--resolution", type=int, help="leave unset for the notebook's 384 px")
-    for name, block in EXTENSIONS.items():
-        parser.add_argument(f"--{name.replace('_', '-')}", action="store_true", help=f"with the workflow's {block}")
+    parser.add_argument(
+        "--speedups", type=parse_speedups, default="none", help="none, all, NAME,NAME or all,-NAME (all but NAME)"
+    )
+    parser.add_argument("--loader-niceness", type=int, default=0, help="for the nice_loader_workers speedup")
     parser.add_argument(
         "--sync-debug", action="store_true", help="warn (file and line) where the profiled steps wait for the GPU"
-    )
-    parser.add_argument(
-        "--static-graphs",
-        action="store_true",
-        help="compile with cuda_graphs=True and scripts/static_cuda_graphs.py (fixed-shape CUDA graph replay)",
-    )
-    parser.add_argument(
-        "--nice-workers",
-        type=int,
-        default=0,
-        help="lower the loader workers' priority (scripts/nice_loader_workers.py)",
     )
     parser.add_argument("--threads", type=int, help="torch.set_num_threads for the training process (default: torch's)")
     parser.add_argument("--trace", action="store_true", help="also write the profiled steps as <out>.trace.json.gz")
     args = parser.parse_args()
     from bench.stock_recipe import train_like_notebook
-    from scripts.nice_loader_workers import nice_loader_workers
-    from scripts.static_cuda_graphs import static_cuda_graphs_callback
 
+    selection = select_speedups(args.speedups, installed_rfdetr())
     args.out.parent.mkdir(parents=True, exist_ok=True)
     compile_, graphs = VARIANTS[args.variant]
+    if "static_cuda_graphs" in selection.names():
+        compile_, graphs = True, True
     import torch
 
     default_threads = torch.get_num_threads()
     if args.threads:
         torch.set_num_threads(args.threads)
-    chosen = [name for name in EXTENSIONS if getattr(args, name)]
-    name = "+".join([args.variant, *chosen])
-    name += "+static_graphs" if args.static_graphs else ""
-    name += f"+nice{args.nice_workers}" if args.nice_workers else ""
+    name = "+".join([args.variant, *selection.names()])
+    name += f"+nice{args.loader_niceness}" if args.loader_niceness else ""
     name += f"+threads{args.threads}" if args.threads else ""
     callback = profile_callback(args.start, args.steps, args.out, args.batch, name, args.trace, args.sync_debug)
     callback.result["host_threads"] = {"default": default_threads, "used": torch.get_num_threads()}
-    callbacks = [callback]
-    with contextlib.ExitStack() as extensions:
-        for extension in chosen:
-            extensions.enter_context(pkgutil.resolve_name(EXTENSIONS[extension])())
-        if args.static_graphs:
-            compile_, graphs = True, True
-            callbacks.insert(0, static_cuda_graphs_callback())
-        extensions.enter_context(nice_loader_workers(args.nice_workers))
+    callback.result["speedups"] = selection.names()
+    with applied(selection, SpeedupOptions(loader_niceness=args.loader_niceness)) as speedup_callbacks:
         train_like_notebook(
-            args.dataset, args.out.parent / f"run-{name}", 1, args.batch, callbacks, compile_, graphs, args.resolution
+            args.dataset,
+            args.out.parent / f"run-{name}",
+            1,
+            args.batch,
+            [*speedup_callbacks, callback],
+            compile_,
+            graphs,
+            args.resolution,
         )
     raise SystemExit(f"training ended before step {args.start + args.steps}: use a larger set or a smaller --start")
 

@@ -1,5 +1,5 @@
 """How long the training process holds up when it frees a batch that a DataLoader worker sent through shared
-memory, for a batch of float32 images (what rfdetr's workers send) and of uint8 ones (scripts/images_as_bytes.py).
+memory, for a batch of float32 images (what rfdetr's workers send) and of uint8 ones (the images_as_bytes speedup).
 
 usage: python -m bench.shared_memory_free [--batch 128] [--resolution 384] [--batches 12]
 

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from scripts.common import read_json, run_main
+from pipeline.common import read_json, run_main
 
 
 def step_losses(run: dict[str, Any]) -> list[float]:

@@ -1,7 +1,10 @@
-"""The reference notebook's training call, unchanged, with a timing callback (the pipeline's own EpochLog).
+"""The reference notebook's training call, unchanged, with the workflow's epoch log (`EpochLog`).
 
-usage: python -m bench.stock_recipe --dataset DIR --output DIR --epochs N [--batch 128]
-Writes <output>/epochs.jsonl: per epoch train seconds, images/s, validation seconds, peak GPU memory.
+usage: python -m bench.stock_recipe --dataset DIR --output DIR --epochs N [--batch 128] [--workers N]
+           [--resolution N]
+Writes <output>/epochs.jsonl: per epoch train seconds, images/s, validation seconds, peak GPU memory, and every
+step's learning rate and loss. `--workers` and `--resolution` default to the notebook's (min(cores, 16), 384 px);
+the tests set them to compare this call with the train rule's on a tiny set on the CPU.
 """
 
 from __future__ import annotations
@@ -11,8 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from scripts.common import run_main
-from scripts.train import extra_callbacks, lightning_callbacks
+from pipeline.common import run_main
 
 
 def train_like_notebook(
@@ -24,23 +26,26 @@ def train_like_notebook(
     compile: bool | None = None,
     cuda_graphs: bool | None = None,
     resolution: int | None = None,
+    workers: int | None = None,
 ) -> None:
-    """The notebook's model and `train()` cell. `compile`, `cuda_graphs` and `resolution` left at None keep the
-    notebook's values; bench.profile_steps sets them to profile a variant (or to run on a CPU)."""
+    """The notebook's model and `train()` cell. Arguments left at None keep the notebook's values;
+    bench.profile_steps sets `compile` and `cuda_graphs` to profile a variant, the tests `resolution` and `workers`
+    (a resolution is passed to `train()`, as the workflow passes it)."""
     import pytorch_lightning as pl
     from rfdetr import RFDETRNano
+
+    from rfdetr_extensions.trainer_hook import extra_callbacks
 
     # The notebook leaves the model's initialisation unseeded (its train() seeds only after the model is built).
     # Seeding it with the training seed, as the workflow does, makes loss curves comparable step by step.
     pl.seed_everything(0, workers=True)
     use_te_graphs = False
-    model_kwargs: dict[str, Any] = {"resolution": resolution} if resolution else {}
     model = RFDETRNano(
         compile=(not use_te_graphs) if compile is None else compile,
         cuda_graphs=(use_te_graphs or batch <= 16) if cuda_graphs is None else cuda_graphs,
         pretrain_weights=None,
-        **model_kwargs,
     )
+    sized = {"resolution": resolution} if resolution else {}
     with extra_callbacks(callbacks):
         model.train(  # the notebook's cell, with its EPOCHS, BATCH_SIZE, dataset and output folder as arguments
             dataset_file="coco",
@@ -48,7 +53,7 @@ def train_like_notebook(
             output_dir=str(output),
             epochs=epochs,
             batch_size=batch,
-            num_workers=min(os.cpu_count() or 2, 16),
+            num_workers=min(os.cpu_count() or 2, 16) if workers is None else workers,
             seed=0,
             lr_scheduler="cosine",
             warmup_epochs=1,
@@ -58,19 +63,27 @@ def train_like_notebook(
             grad_accum_steps=1,
             multi_scale=False,
             square_resize_div_64=True,
+            **sized,
         )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    from rfdetr_extensions.callbacks.block_end import StopAtBlockEnd
+    from rfdetr_extensions.callbacks.epoch_log import EpochLog
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", required=True)
     parser.add_argument("--output", required=True, type=Path)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--workers", type=int, help="data-loader workers (default: the notebook's min(cores, 16))")
+    parser.add_argument("--resolution", type=int, help="input size in pixels (default: the notebook's 384)")
     args = parser.parse_args()
     args.output.mkdir(parents=True, exist_ok=True)
-    callbacks = lightning_callbacks(args.epochs, args.output / "epochs.jsonl")
-    train_like_notebook(args.dataset, args.output, args.epochs, args.batch, callbacks)
+    callbacks = [StopAtBlockEnd(args.epochs), EpochLog(args.output / "epochs.jsonl")]
+    train_like_notebook(
+        args.dataset, args.output, args.epochs, args.batch, callbacks, resolution=args.resolution, workers=args.workers
+    )
 
 
 if __name__ == "__main__":

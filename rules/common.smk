@@ -6,9 +6,10 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 
 sys.path.insert(0, workflow.basedir)
-from scripts.blocks import block_name, block_ranges
-from scripts.common import CONFIG_ENV
-from scripts.config_check import ConfigError, validate_config
+from pipeline.blocks import block_name, block_ranges
+from pipeline.common import CONFIG_ENV
+from pipeline.config_check import ConfigError, validate_config
+from pipeline.recipe import RECIPE_KEYS
 
 try:
     validate_config(config, Path(workflow.basedir) / "schemas" / "config.schema.yaml")
@@ -26,7 +27,7 @@ os.environ.update(
     ),
 )
 # How-to-run settings reach the scripts through the environment, not params: changing them never
-# reruns a finished job (see scripts/common.py: pipeline_config).
+# reruns a finished job (see pipeline/common.py: pipeline_config).
 os.environ[CONFIG_ENV] = json.dumps(config)
 
 DATA = Path(config["data_dir"])
@@ -54,24 +55,8 @@ BLOCK_OUTPUTS = [
     "run.json",
     "stage.json",
 ]
-# Settings that shape the trained weights: a change reruns training (README: what triggers a retrain).
-RECIPE = {
-    key: config["train"][key]
-    for key in (
-        "epochs",
-        "seed",
-        "lr",
-        "lr_encoder",
-        "warmup_epochs",
-        "resolution",
-        "grad_accum_steps",
-        "multi_scale",
-        "square_resize_div_64",
-        "eval_interval",
-        "gpus",
-        "lr_scaling",
-    )
-}
+# Settings that shape the trained weights (pipeline/recipe.py): a change reruns training.
+RECIPE = {key: config["train"][key] for key in RECIPE_KEYS}
 
 
 wildcard_constraints:

@@ -20,7 +20,7 @@ import tenacity
 import urllib3
 from tqdm import tqdm
 
-from scripts.common import StageError, log, pipeline_config, run_main, size
+from pipeline.common import StageError, log, pipeline_config, run_main, size
 
 CHUNK_BYTES = 1 << 20
 

@@ -18,7 +18,7 @@ from pathlib import Path, PurePosixPath
 
 from tqdm import tqdm
 
-from scripts.common import StageError, log, run_main
+from pipeline.common import StageError, log, run_main
 
 MEMBERS_PER_TASK = 256
 

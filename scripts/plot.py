@@ -16,7 +16,7 @@ matplotlib.use("Agg")  # no display on a training node
 import pandas as pd  # noqa: E402
 from matplotlib import pyplot as plt  # noqa: E402
 
-from scripts.common import log, read_json, run_main  # noqa: E402
+from pipeline.common import log, read_json, run_main  # noqa: E402
 
 MAP_COLUMN = "val/mAP_50_95"  # follows the EMA model when EMA is on (rfdetr's default)
 

@@ -20,7 +20,7 @@ from typing import Any
 from filelock import FileLock
 from tqdm import tqdm
 
-from scripts.common import log, pipeline_config, read_json, run_main, size, where_this_runs, write_json
+from pipeline.common import log, pipeline_config, read_json, run_main, size, where_this_runs, write_json
 
 MARKER = ".staged.json"
 PAGE_BYTES = 4096  # tmpfs stores every file in whole pages
@@ -122,13 +122,6 @@ def stage_dataset(
         "reason": "copied",
         "seconds": round(seconds, 2),
     }
-
-
-def remove_staged(ramdisk: Path, subdir: str) -> None:
-    target = ramdisk / subdir
-    if target.exists():
-        shutil.rmtree(target)
-        log.info("Removed the staged copy %s", target)
 
 
 def main() -> None:

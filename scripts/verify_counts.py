@@ -18,9 +18,8 @@ from typing import Any
 from PIL import Image
 from tqdm import tqdm
 
-from scripts.common import StageError, log, run_main, write_json
-
-IMAGE_SUFFIX = ".jpg"
+from pipeline.common import StageError, log, run_main, write_json
+from pipeline.dataset import IMAGE_SUFFIX, count_images
 
 
 def redo_hint(dataset: Path, split: str) -> str:
@@ -28,11 +27,6 @@ def redo_hint(dataset: Path, split: str) -> str:
         f"Fetch and extract it again with: snakemake --cores all --forcerun {dataset / split} "
         f"(and for the annotations: --forcerun {dataset / 'annotations'})."
     )
-
-
-def count_images(folder: Path) -> int:
-    with os.scandir(folder) as entries:
-        return sum(1 for e in entries if e.name.endswith(IMAGE_SUFFIX) and e.is_file())
 
 
 def load_annotations(path: Path, dataset: Path, split: str) -> dict[str, Any]:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.archive_server import ArchiveServer
-from tests.tiny_coco import make_archives, make_dataset
-from tests.workflow import tiny_config, write_config
+from tests.helpers.archive_server import ArchiveServer
+from tests.helpers.tiny_coco import make_archives, make_dataset
+from tests.helpers.workflow import tiny_config, write_config
 
 # The files that run the workflow, longest first (about 6, 3.5 and 3 minutes alone on 2 cores): with the two
 # pytest-xdist workers of pyproject.toml, each taking whole files in this order, they start at once and the short

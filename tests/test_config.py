@@ -6,8 +6,8 @@ import copy
 
 import pytest
 
-from scripts.config_check import config_errors, load_schema
-from tests.workflow import REPO, base_config, jobs_run, run_snakemake, write_config
+from pipeline.config_check import config_errors, load_schema
+from tests.helpers.workflow import REPO, base_config, jobs_run, run_snakemake, write_config
 
 SCHEMA = load_schema(REPO / "schemas" / "config.schema.yaml")
 

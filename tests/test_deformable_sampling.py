@@ -1,4 +1,4 @@
-"""scripts/deformable_sampling.py: the Triton sampling kernels give F.grid_sample's values and gradients.
+"""The deformable_sampling speedup: the Triton sampling kernels give F.grid_sample's values and gradients.
 
 On the CPU the kernels run in Triton's interpreter (`TRITON_INTERPRET=1`, in a fresh interpreter because Triton
 reads it when the kernels are defined); on the GPU they run compiled, at RF-DETR Nano's real shapes."""
@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from scripts.deformable_sampling import bilinear_sample, deformable_sampling
+from rfdetr_extensions.patches.deformable_sampling import bilinear_sample, deformable_sampling
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

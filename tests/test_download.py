@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from scripts.common import StageError
+from pipeline.common import StageError
 from scripts.download import download, later_needs, part_path
-from tests.archive_server import ArchiveServer
+from tests.helpers.archive_server import ArchiveServer
 
 FAST = dict(attempts=3, backoff_seconds=0.05, max_backoff_seconds=0.1, timeout=5)
 

@@ -1,4 +1,4 @@
-"""scripts/ema_without_waiting.py: rfdetr's EMA weights and counter are the same without the host's waits."""
+"""The ema_without_waiting speedup: rfdetr's EMA weights and counter are the same without the host's waits."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import copy
 
 import torch
 
-from scripts import ema_without_waiting as extension
+from rfdetr_extensions.patches import ema_without_waiting as extension
 
 
 class Tiny(torch.nn.Module):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.common import StageError
+from pipeline.common import StageError
 from scripts.extract import extract
 
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.archive_server import ArchiveServer
-from tests.tiny_coco import make_archives, md5
-from tests.workflow import (
+from tests.helpers.archive_server import ArchiveServer
+from tests.helpers.tiny_coco import make_archives, md5
+from tests.helpers.workflow import (
     jobs_run,
     kill_group,
     run_snakemake,

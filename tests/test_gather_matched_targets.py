@@ -1,12 +1,12 @@
-"""scripts/gather_matched_targets.py: the loss's matched targets, gathered per layer at once, equal rfdetr's."""
+"""The gather_matched_targets speedup: the loss's matched targets, gathered per layer at once, equal rfdetr's."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from scripts import gather_matched_targets as extension
-from tests.test_matches_on_device import solve_all_layers, tiny_detector_step
+from rfdetr_extensions.patches import gather_matched_targets as extension
+from tests.helpers.rfdetr_steps import solve_all_layers, tiny_detector_step
 
 
 def assert_same_matched_targets(ours, rfdetr_s):
@@ -60,7 +60,7 @@ def test_the_loss_is_the_same_with_and_without_the_extension(tmp_path):
 
 @pytest.mark.gpu
 def test_on_the_gpu_the_matched_targets_and_losses_equal_rfdetrs(tmp_path):
-    from scripts.matches_on_device import matches_on_device
+    from rfdetr_extensions.patches.matches_on_device import matches_on_device
 
     criterion, outputs, targets = tiny_detector_step("cuda", 32, tmp_path)
     from rfdetr.models.criterion import SetCriterion

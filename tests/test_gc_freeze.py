@@ -8,8 +8,9 @@ import json
 
 import pytest
 
-from scripts.gc_freeze import FREEZE_AFTER_STEPS, FullCollections, freeze_after_warmup_callback
-from scripts.train import lightning_callbacks
+from rfdetr_extensions.callbacks.block_end import StopAtBlockEnd
+from rfdetr_extensions.callbacks.epoch_log import EpochLog
+from rfdetr_extensions.callbacks.gc_freeze import FREEZE_AFTER_STEPS, FreezeAfterWarmup, FullCollections
 
 
 @pytest.fixture
@@ -66,7 +67,7 @@ def test_training_freezes_after_the_first_steps_and_the_epoch_log_counts_full_co
         max_epochs=2,
         limit_train_batches=FREEZE_AFTER_STEPS + 3,
         limit_val_batches=1,
-        callbacks=[*lightning_callbacks(2, epoch_log), freeze_after_warmup_callback(), probe],
+        callbacks=[StopAtBlockEnd(2), EpochLog(epoch_log), FreezeAfterWarmup(), probe],
         accelerator="cpu",
         logger=False,
         enable_checkpointing=False,
@@ -79,5 +80,5 @@ def test_training_freezes_after_the_first_steps_and_the_epoch_log_counts_full_co
     assert frozen[(0, FREEZE_AFTER_STEPS)] > 1000  # then everything the process had built (torch, Lightning, ...)
     assert probe.collected_generations == {0: True, FREEZE_AFTER_STEPS: False}  # frozen again in epoch 1
     records = [json.loads(line) for line in epoch_log.read_text().splitlines()]
+    # the full collection the model starts in each epoch is in that epoch's record
     assert [r["full_collections"] >= 1 for r in records] == [True, True]
-    assert all(r["full_collection_seconds"] >= 0 for r in records)

@@ -1,48 +1,73 @@
-"""On a CUDA GPU (run there with `pytest -m gpu`): the train rule picks its profile from the GPU it finds."""
+"""On a CUDA GPU, through the real `snakemake` (run there with `pytest -m gpu -o addopts=""`; README "Test it"):
+the train rule as a user gets it on the H200 (compile and static CUDA graphs), and the FP8 route."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import re
 
 import pytest
 import torch
 
-from tests.workflow import run_snakemake, tiny_config, write_config
+from tests.helpers.workflow import run_snakemake, tiny_config, write_config
 
 pytestmark = pytest.mark.gpu  # left out by default (pyproject addopts); `pytest -m gpu` on a GPU machine
+TRANSFORMER_ENGINE = importlib.util.find_spec("transformer_engine") is not None
 
 
-def gpu_config(workdir, server, archives, **train):
-    config = tiny_config(workdir, server.url, archives, **{"device": "cuda", "profile": "auto", **train})
-    for row in config["gpu_profiles"]:  # keep the automatic match, skip the minutes of compile warm-up
-        row["compile"] = False
-    return config
+def read_block(workdir, block: str, name: str):
+    return json.loads((workdir / "results" / "train" / block / name).read_text())
 
 
-def test_the_train_rule_detects_the_gpu_profile_and_trains_two_blocks(workdir, server, archives):
-    write_config(workdir, gpu_config(workdir, server, archives, epochs=2, epochs_per_block=1))
+def test_the_h200_row_as_a_user_gets_it_captures_and_replays_cuda_graphs(workdir, server, archives):
+    on_h200 = "H200" in torch.cuda.get_device_name(0)
+    config = tiny_config(
+        workdir, server.url, archives, device="cuda", profile="auto" if on_h200 else "h200", epochs=2
+    )  # the shipped gpu_profiles, untouched: compile and CUDA graphs on, batch 128
+    write_config(workdir, config)
     result = run_snakemake(workdir)
     assert result.returncode == 0, result.stdout[-5000:]
-    name = torch.cuda.get_device_name(0)
     for block in ("block_01", "block_02"):
-        run = json.loads((workdir / "results" / "train" / block / "run.json").read_text())
-        assert run["profile"]["name"] != "cpu" and name in run["device"]
-        assert "matches" in run["profile_reason"] or "meet" in run["profile_reason"]
-        epochs = json.loads((workdir / "results" / "train" / block / "epochs.json").read_text())
-        assert epochs[0]["peak_memory_gb"] > 0 and epochs[0]["images_per_second"] > 0
-        # every step after the first timed on the GPU's clock; the process's objects frozen (scripts/gc_freeze.py)
-        assert all(seconds > 0 for seconds in epochs[0]["step_seconds"]) and epochs[0]["step_seconds"]
-        assert epochs[0]["frozen_objects"] > 10_000
-    assert (
-        "Host threads of the training process: 1"
-        in (workdir / "results" / "logs" / "train" / "block_01.log").read_text()
-    )
-    profile = json.loads(next((workdir / "results" / "train" / "state").glob("*/profile.json")).read_text())
-    assert profile["profile"]["name"] == run["profile"]["name"]
+        run = read_block(workdir, block, "run.json")
+        assert run["profile"]["name"] == "h200" and run["profile"]["compile"] and run["profile"]["cuda_graphs"]
+        assert torch.cuda.get_device_name(0) in run["device"]
+        if on_h200:
+            assert "matches 'H200'" in run["profile_reason"]
+        assert "static_cuda_graphs" in run["speedups"] and not run["speedups_left_off"]
+        log = (workdir / "results" / "logs" / "train" / f"{block}.log").read_text()
+        assert "CUDA graphs: compiled for one fixed input shape, CUDA graph replay on" in log
+        # every process (each block is one) captures its graphs, then replays them step after step
+        captured, replayed = map(
+            int, re.findall(r"CUDA graphs after epoch \d+: (\d+) captured, (\d+) replays", log)[-1]
+        )
+        assert captured >= 2 and replayed > captured, (captured, replayed)
+        (epoch,) = read_block(workdir, block, "epochs.json")
+        assert epoch["peak_memory_gb"] > 0 and epoch["images_per_second"] > 0
+        # every step after the first timed on the GPU's clock; the process's objects frozen (the gc_freeze speedup)
+        assert epoch["step_seconds"] and all(seconds > 0 for seconds in epoch["step_seconds"])
+        assert epoch["frozen_objects"] > 10_000
+        assert "Host threads of the training process: 1" in log
 
 
+@pytest.mark.skipif(not TRANSFORMER_ENGINE, reason="Transformer Engine is not installed (README: 'The FP8 route')")
+def test_the_fp8_route_trains_an_epoch_and_validates_with_transformer_engine(workdir, server, archives):
+    config = tiny_config(workdir, server.url, archives, device="cuda", profile="rtx-pro-6000-fp8", epochs=1)
+    write_config(workdir, config)
+    result = run_snakemake(workdir)
+    assert result.returncode == 0, result.stdout[-5000:]
+    log = (workdir / "results" / "logs" / "train" / "block_01.log").read_text()
+    assert re.search(r"Captured CUDA graph 1 for input shape .* Backend: Transformer Engine FP8\.", log)
+    (epoch,) = read_block(workdir, "block_01", "epochs.json")
+    assert epoch["val_seconds"] > 0 and len(epoch["loss"]) >= 1
+    assert all(loss == loss and loss < 1e4 for loss in epoch["loss"])  # finite
+    assert read_block(workdir, "block_01", "run.json")["profile"]["precision"] == "fp8"
+
+
+@pytest.mark.skipif(TRANSFORMER_ENGINE, reason="Transformer Engine is installed here: the FP8 route can run")
 def test_fp8_without_transformer_engine_stops_before_training(workdir, server, archives):
-    write_config(workdir, gpu_config(workdir, server, archives, epochs=1, profile="rtx-pro-6000-fp8"))
+    config = tiny_config(workdir, server.url, archives, device="cuda", profile="rtx-pro-6000-fp8", epochs=1)
+    write_config(workdir, config)
     result = run_snakemake(workdir)
     assert result.returncode != 0
     assert "asks for the FP8 route, which cannot run here" in result.stdout

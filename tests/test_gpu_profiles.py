@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from scripts.common import StageError
-from scripts.gpu_profiles import Device, detect_device, resolve_profile, settle_profile
-from tests.workflow import base_config
+from pipeline.common import StageError
+from pipeline.gpu_profiles import Device, detect_device, resolve_profile, settle_profile
+from tests.helpers.workflow import base_config
 
 PROFILES = base_config()["gpu_profiles"]
 TRAIN = base_config()["train"]
@@ -110,3 +110,11 @@ def test_cuda_graphs_are_turned_off_where_rfdetr_cannot_replay_them(setting):
     assert not profile["cuda_graphs"] and profile["batch_size"] == h200["batch_size"]
     assert "cuda_graphs off" in reason and "train.gpus: 1" in reason
     assert settle_profile(h200, "matched", gpu("NVIDIA H200"), TRAIN) == (h200, "matched")
+
+
+def test_without_the_static_graphs_speedup_large_batches_leave_cuda_graphs_off_as_the_notebook_does():
+    h200 = next(p for p in PROFILES if p["name"] == "h200")
+    profile, reason = settle_profile(h200, "matched", gpu("NVIDIA H200"), TRAIN, static_graphs=False)
+    assert not profile["cuda_graphs"] and profile["compile"] and "static_cuda_graphs speedup is not applied" in reason
+    small = next(p for p in PROFILES if p["name"] == "generic-ampere")  # batch 16: rfdetr's own graphs, as the notebook
+    assert settle_profile(small, "met", gpu("NVIDIA A2"), TRAIN, static_graphs=False) == (small, "met")

@@ -1,4 +1,4 @@
-"""scripts/images_as_bytes.py: training batches travel as uint8 and become rfdetr's normalised floats, bit for bit."""
+"""The images_as_bytes speedup: training batches travel as uint8 and become rfdetr's normalised floats, bit for bit."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy
 import pytest
 import torch
 
-from scripts.images_as_bytes import DeviceNormalize, RelativeTargets, bytes_pipeline, images_as_bytes
+from rfdetr_extensions.patches.images_as_bytes import DeviceNormalize, RelativeTargets, bytes_pipeline, images_as_bytes
 
 
 def rfdetr_datamodule(dataset, batch_size: int = 4):

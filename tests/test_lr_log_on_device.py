@@ -1,4 +1,4 @@
-"""scripts/lr_log_on_device.py: rfdetr's learning rates are logged with the same names, settings and values."""
+"""The lr_log_on_device speedup: rfdetr's learning rates are logged with the same names, settings and values."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import torch
 
-from scripts.lr_log_on_device import log_on_device, lr_log_on_device
+from rfdetr_extensions.patches.lr_log_on_device import log_on_device, lr_log_on_device
 
 
 def logged_by(log_learning_rates, lrs: list[float]) -> list[tuple[str, torch.Tensor, dict]]:

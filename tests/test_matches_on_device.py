@@ -1,34 +1,12 @@
-"""scripts/matches_on_device.py: rfdetr's matched indices reach the loss on the GPU, with the same values."""
+"""The matches_on_device speedup: rfdetr's matched indices reach the loss on the GPU, with the same values."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from scripts import matches_on_device as extension
-
-
-def tiny_detector_step(device: str, batch: int, tmp_path, resolution: int = 128) -> tuple[object, dict, list[dict]]:
-    """rfdetr's own Nano detector and loss, one training-mode forward on random images and boxes."""
-    from rfdetr.config import RFDETRNanoConfig, TrainConfig
-    from rfdetr.training.module_model import RFDETRModelModule
-    from rfdetr.utilities.tensors import NestedTensor
-
-    torch.manual_seed(0)
-    module = RFDETRModelModule(
-        RFDETRNanoConfig(pretrain_weights=None, resolution=resolution, device=device),
-        TrainConfig(dataset_dir=str(tmp_path), output_dir=str(tmp_path)),
-    )
-    model = module.model.to(device).train()
-    pixels = torch.rand(batch, 3, resolution, resolution, device=device)
-    images = NestedTensor(pixels, torch.zeros(batch, resolution, resolution, dtype=torch.bool, device=device))
-    targets = [
-        {"labels": torch.randint(0, 80, (n,), device=device), "boxes": torch.rand(n, 4, device=device) * 0.4 + 0.3}
-        for n in [1 + i % 6 for i in range(batch)]
-    ]
-    with torch.no_grad():
-        outputs = model(images, targets)
-    return module.criterion, outputs, targets
+from rfdetr_extensions.patches import matches_on_device as extension
+from tests.helpers.rfdetr_steps import solve_all_layers, tiny_detector_step
 
 
 def test_moved_matches_keep_their_values_and_nesting():
@@ -54,14 +32,6 @@ def test_the_loss_is_the_same_with_and_without_the_extension_on_the_cpu(tmp_path
         wrapped = criterion(outputs, targets)
     assert _assignment.assign_many_bucketed is original  # restored when the block ends
     assert plain.keys() == wrapped.keys() and all(torch.equal(plain[k], wrapped[k]) for k in plain)
-
-
-def solve_all_layers(criterion, outputs, targets):
-    """rfdetr's batched matching of every decoder layer at once, as its loss calls it in a training step."""
-    layers = [{k: v for k, v in outputs.items() if k not in ("aux_outputs", "enc_outputs")}]
-    layers += outputs["aux_outputs"] + ([outputs["enc_outputs"]] if "enc_outputs" in outputs else [])
-    matcher = criterion.matcher
-    return type(matcher)._match_many(matcher, layers, targets, group_detr=criterion.group_detr)
 
 
 @pytest.mark.gpu

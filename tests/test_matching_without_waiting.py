@@ -1,4 +1,4 @@
-"""scripts/matching_without_waiting.py: the same matches and losses as rfdetr's, without reading the GPU's results."""
+"""The matching_without_waiting speedup: the same matches and losses as rfdetr's, without reading the GPU's results."""
 
 from __future__ import annotations
 
@@ -7,18 +7,8 @@ import logging
 import pytest
 import torch
 
-from scripts import matching_without_waiting as extension
-from tests.test_matches_on_device import solve_all_layers, tiny_detector_step
-
-
-def decoder_step(device: str, batch: int, tmp_path, resolution: int = 128):
-    """A detector step whose layers all have the same number of queries, as in training at the recipe's 384 px
-    (the batched padded path). At 128 px the encoder proposes fewer queries than the decoder layers have (832
-    against 3,900), which rfdetr matches on another path, so these tests leave the encoder's layer out there."""
-    criterion, outputs, targets = tiny_detector_step(device, batch, tmp_path, resolution)
-    if outputs["enc_outputs"]["pred_logits"].shape[1] != outputs["pred_logits"].shape[1]:
-        del outputs["enc_outputs"]
-    return criterion, outputs, targets
+from rfdetr_extensions.patches import matching_without_waiting as extension
+from tests.helpers.rfdetr_steps import decoder_step, solve_all_layers
 
 
 def as_lists(matches):

@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from scripts.next_epoch_during_validation import next_epoch_during_validation_callback, start_next_epoch
+from rfdetr_extensions.callbacks.next_epoch_during_validation import NextEpochDuringValidation, start_next_epoch
 
 SECONDS_PER_ITEM = 0.25  # a worker takes 1 s for a batch of 4
 VALIDATION_SECONDS = 0.8  # per validation batch; two of them: longer than one batch's loading
@@ -63,7 +63,7 @@ def fit(tmp_path, early: bool):
 
     pl.seed_everything(7, workers=True)
     model = Model()
-    early_start = next_epoch_during_validation_callback() if early else None
+    early_start = NextEpochDuringValidation() if early else None
     trainer = pl.Trainer(
         max_epochs=3,
         accelerator="cpu",

@@ -1,4 +1,4 @@
-"""scripts/nice_loader_workers.py: rfdetr's loader workers run at a lower priority, and load the same batches."""
+"""The nice_loader_workers speedup: rfdetr's loader workers run at a lower priority, and load the same batches."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pickle
 
 import torch
 
-from scripts.nice_loader_workers import nice_loader_workers
+from rfdetr_extensions.patches.nice_loader_workers import nice_loader_workers
 
 
 class WorkerReport(torch.utils.data.Dataset):

@@ -8,7 +8,7 @@ import tomllib
 
 import yaml
 
-from tests.workflow import REPO
+from tests.helpers.workflow import REPO
 
 
 def test_the_conda_environment_pins_the_same_versions_as_pyproject():

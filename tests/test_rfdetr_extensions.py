@@ -1,59 +1,151 @@
-"""What every extension of rfdetr's private parts shares (scripts/common.py: patch_rfdetr): it replaces one rfdetr
-function or method inside its block only, and refuses an rfdetr version other than the one it was checked against."""
+"""The registry of speedups (rfdetr_extensions): what train.speedups selects for the installed rfdetr, that each
+patch replaces what the registry says inside its block only, that each speedup can be applied alone, and that the
+README's table is the registry's."""
 
 from __future__ import annotations
 
+import argparse
+import json
+import logging
 import pkgutil
+import re
+from pathlib import Path
 
 import pytest
 
-from scripts import common
-from scripts.common import StageError
-from scripts.deformable_sampling import deformable_sampling
-from scripts.ema_without_waiting import ema_without_waiting
-from scripts.gather_matched_targets import gather_matched_targets
-from scripts.images_as_bytes import images_as_bytes
-from scripts.lr_log_on_device import lr_log_on_device
-from scripts.matches_on_device import matches_on_device
-from scripts.matching_without_waiting import matching_without_waiting
-from scripts.nice_loader_workers import nice_loader_workers
-from scripts.padding_in_one_copy import padding_in_one_copy
-from scripts.targets_one_copy import targets_one_copy
-from scripts.train import extra_callbacks
+from rfdetr_extensions import (
+    CHECKED_RFDETR,
+    NAMES,
+    SPEEDUPS,
+    SpeedupError,
+    SpeedupOptions,
+    applied,
+    markdown_table,
+    select_speedups,
+)
+from rfdetr_extensions.trainer_hook import extra_callbacks
 
-EXTENSIONS = [  # (the block, what it replaces)
-    (targets_one_copy, "rfdetr.utilities.tensors:PackedTargets", "to_list"),
-    (matches_on_device, "rfdetr.models._assignment", "assign_many_bucketed"),
-    (gather_matched_targets, "rfdetr.models.criterion:SetCriterion", "_get_matched_targets"),
-    (ema_without_waiting, "rfdetr.training.callbacks.ema:RFDETREMACallback", "_update_ema_for_step"),
-    (matching_without_waiting, "rfdetr.models.matcher:HungarianMatcher", "_match_many"),
-    (matching_without_waiting, "rfdetr.models.criterion:SetCriterion", "num_boxes_for_targets"),
-    (lr_log_on_device, "rfdetr.training.module_model:RFDETRModelModule", "_log_learning_rates"),
-    (lambda: nice_loader_workers(10), "rfdetr.training.module_data", "_worker_init_fn"),
-    (images_as_bytes, "rfdetr.datasets.coco", "_route_transforms"),
-    (deformable_sampling, "rfdetr.models.ops.functions.ms_deform_attn_func", "_bilinear_grid_sample"),
-    (padding_in_one_copy, "rfdetr.models.matcher", "pad_sequence"),
-    (images_as_bytes, "rfdetr.training.module_data:RFDETRDataModule", "on_after_batch_transfer"),
-    (lambda: extra_callbacks([]), "rfdetr.training", "build_trainer"),
-]
-NAMES = [name.strip("_") for _, _, name in EXTENSIONS]
+REPO = Path(__file__).resolve().parents[1]
+PATCHES = [speedup for speedup in SPEEDUPS if speedup.kind == "patch"]
+OPTIONS = SpeedupOptions(loader_niceness=10)  # nice_loader_workers replaces nothing at niceness 0
 
 
-@pytest.mark.parametrize(("block", "owner", "name"), EXTENSIONS, ids=NAMES)
-def test_rfdetrs_code_is_replaced_inside_the_block_and_restored_after(block, owner, name):
-    target = pkgutil.resolve_name(owner)
-    original = getattr(target, name)
-    with block():
-        assert getattr(target, name) is not original
-    assert getattr(target, name) is original
+def owner_and_name(path: str) -> tuple[object, str]:
+    """ "module:Class.attribute" or "module:attribute" -> (the object that holds the attribute, its name)."""
+    module, _, attribute = path.partition(":")
+    owner, _, name = attribute.rpartition(".")
+    return pkgutil.resolve_name(f"{module}:{owner}" if owner else module), name
 
 
-@pytest.mark.parametrize(("block", "owner", "name"), EXTENSIONS, ids=NAMES)
-def test_another_rfdetr_version_is_refused_with_what_to_do(monkeypatch, block, owner, name):
-    target = pkgutil.resolve_name(owner)
-    original = getattr(target, name)
-    monkeypatch.setattr(common, "SUPPORTED_RFDETR", "0.0.1")
-    with pytest.raises(StageError, match=r"rfdetr==0\.0\.1"):
-        with block():
-            pass
-    assert getattr(target, name) is original  # nothing was replaced
+def test_the_registry_names_each_speedup_once_with_a_test_that_exists():
+    assert len(NAMES) == len(set(NAMES)) == 13
+    for speedup in SPEEDUPS:
+        file, _, test = speedup.test.partition("::")
+        assert re.search(rf"^def {test}\(", (REPO / file).read_text(), re.MULTILINE), speedup.test
+        assert speedup.load() is not None  # the entry point imports
+
+
+@pytest.mark.parametrize("speedup", PATCHES, ids=[speedup.name for speedup in PATCHES])
+def test_rfdetrs_code_is_replaced_inside_the_block_and_restored_after(speedup):
+    targets = [owner_and_name(path) for path in speedup.replaces]
+    originals = [getattr(owner, name) for owner, name in targets]
+    with applied(select_speedups([speedup.name], CHECKED_RFDETR), OPTIONS):
+        assert all(
+            getattr(owner, name) is not original for (owner, name), original in zip(targets, originals, strict=True)
+        )
+    assert all(getattr(owner, name) is original for (owner, name), original in zip(targets, originals, strict=True))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_speedup_can_be_applied_alone(name):
+    selection = select_speedups([name], CHECKED_RFDETR)
+    assert selection.names() == [name] and len(selection.left_off) == len(NAMES) - 1
+    others = [owner_and_name(path) for speedup in PATCHES if speedup.name != name for path in speedup.replaces]
+    before = [getattr(owner, attribute) for owner, attribute in others]
+    with applied(selection, OPTIONS) as callbacks:
+        assert [getattr(owner, attribute) for owner, attribute in others] == before  # nothing else replaced
+        kind = next(speedup.kind for speedup in SPEEDUPS if speedup.name == name)
+        assert len(callbacks) == (kind == "callback")
+
+
+def test_auto_applies_everything_with_the_checked_rfdetr_and_nothing_with_another_saying_why():
+    assert select_speedups("auto", CHECKED_RFDETR).names() == list(NAMES)
+    other = select_speedups("auto", "1.12.0")
+    assert other.applied == () and len(other.left_off) == len(NAMES)
+    report = other.report()
+    assert report[0].startswith("Speedups applied (0 of 13): none")
+    assert all(
+        f"checked against rfdetr {CHECKED_RFDETR}, but rfdetr 1.12.0 is installed" in line for line in report[1:]
+    )
+    assert [line.split(":")[1].strip() for line in report[1:]] == list(NAMES)
+
+
+@pytest.mark.parametrize("setting", ["all", ["gc_freeze", "deformable_sampling"]])
+def test_asking_for_speedups_by_name_or_all_refuses_another_rfdetr_with_what_to_do(setting):
+    with pytest.raises(SpeedupError, match=rf"rfdetr 1\.12\.0 is installed\. Install rfdetr=={CHECKED_RFDETR}"):
+        select_speedups(setting, "1.12.0")
+    expected = list(NAMES) if setting == "all" else ["deformable_sampling", "gc_freeze"]  # in the registry's order
+    assert select_speedups(setting, CHECKED_RFDETR).names() == expected
+
+
+def test_none_applies_nothing_and_unknown_names_are_refused():
+    none = select_speedups("none", CHECKED_RFDETR)
+    assert none.applied == () and {why for _, why in none.left_off} == {"train.speedups: none"}
+    with pytest.raises(SpeedupError, match="unknown speedup.*fastest"):
+        select_speedups(["gc_freeze", "fastest"], CHECKED_RFDETR)
+    with pytest.raises(SpeedupError, match="'some'"):
+        select_speedups("some", CHECKED_RFDETR)
+
+
+def test_the_trainer_hook_adds_callbacks_inside_the_block_only():
+    import rfdetr.training
+
+    original = rfdetr.training.build_trainer
+    with extra_callbacks(["a callback"]):
+        assert rfdetr.training.build_trainer is not original
+    assert rfdetr.training.build_trainer is original
+
+
+def test_the_readme_shows_the_registry():
+    readme = (REPO / "README.md").read_text()
+    assert markdown_table() in readme, "README.md's speedup table differs: paste `python -m rfdetr_extensions`"
+
+
+@pytest.mark.slow
+def test_with_another_rfdetr_auto_trains_with_stock_rfdetr_and_the_log_lists_what_was_left_off(
+    tiny_dataset, tmp_path, caplog, monkeypatch
+):
+    """The train stage given the installed rfdetr's version as "1.12.0": one real epoch of rfdetr on the CPU."""
+    from pipeline.common import read_json, write_json
+    from pipeline.recipe import RECIPE_KEYS
+    from scripts.train import train_block
+    from tests.helpers.workflow import base_config
+
+    for cache in (
+        "TORCHINDUCTOR_CACHE_DIR",
+        "TRITON_CACHE_DIR",
+        "TORCHINDUCTOR_FX_GRAPH_CACHE",
+        "TORCHINDUCTOR_AUTOGRAD_CACHE",
+    ):
+        monkeypatch.setenv(cache, str(tmp_path / "cache"))  # restored after the test
+    settings = base_config()
+    settings["train"].update(epochs=1, resolution=64, device="cpu", max_workers=0, speedups="auto")
+    write_json(tmp_path / "stage.json", {"path": str(tiny_dataset), "where": "disk"})
+    args = argparse.Namespace(
+        recipe=json.dumps({key: settings["train"][key] for key in RECIPE_KEYS}),
+        start_epoch=0,
+        end_epoch=1,
+        previous_block=None,
+        stage_report=tmp_path / "stage.json",
+        state_root=tmp_path / "state",
+        outdir=tmp_path / "block_01",
+        threads=2,
+    )
+    with caplog.at_level(logging.INFO):
+        train_block(args, settings, "1.12.0")
+    run = read_json(tmp_path / "block_01" / "run.json")
+    assert run["speedups"] == [] and run["recipe"]["rfdetr"] == "1.12.0"
+    assert (tmp_path / "block_01" / "checkpoint.ckpt").is_file()
+    assert "Speedups applied (0 of 13): none" in caplog.text
+    for name in NAMES:
+        assert f"Speedup left off: {name}: checked against rfdetr {CHECKED_RFDETR}, but rfdetr 1.12.0" in caplog.text

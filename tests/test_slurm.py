@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.workflow import REPO, run_snakemake, snakemake_command, tiny_config, wait_for_file, write_config
+from tests.helpers.workflow import REPO, run_snakemake, snakemake_command, tiny_config, wait_for_file, write_config
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 PARTITION = "debug"  # the test cluster's only partition

@@ -6,7 +6,8 @@ import logging
 import shutil
 from pathlib import Path
 
-from scripts.stage import MARKER, remove_staged, stage_dataset
+from pipeline.dataset import remove_staged
+from scripts.stage import MARKER, stage_dataset
 
 
 def test_the_dataset_is_copied_to_the_ramdisk_and_reused(tiny_dataset, tmp_path):

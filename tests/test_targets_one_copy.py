@@ -1,11 +1,11 @@
-"""scripts/targets_one_copy.py: a batch's targets reach the GPU in one copy per field, with the same values."""
+"""The targets_one_copy speedup: a batch's targets reach the GPU in one copy per field, with the same values."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from scripts import targets_one_copy as extension
+from rfdetr_extensions.patches import targets_one_copy as extension
 
 
 def packed_batch():

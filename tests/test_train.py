@@ -6,10 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from scripts.blocks import block_ranges
-from scripts.common import StageError
-from scripts.train import eval_batch_size, plan_resume, recipe_diff, recipe_id, recipe_of, truncate_metrics
-from tests.workflow import base_config
+from pipeline.blocks import block_ranges
+from pipeline.common import StageError
+from pipeline.recipe import RECIPE_KEYS, recipe_diff, recipe_id, recipe_of
+from pipeline.resume import plan_resume, truncate_metrics
+from pipeline.rfdetr_call import eval_batch_size
+from tests.helpers.workflow import base_config
 
 TRAIN = base_config()["train"]
 PROFILE = {"batch_size": 128, "precision": "bf16"}
@@ -21,13 +23,38 @@ def test_blocks_cover_every_epoch_once_and_the_last_may_be_shorter():
     assert block_ranges(3, 10) == [(0, 3)]
 
 
-def test_every_recipe_setting_changes_the_recipe_id_and_runtime_settings_do_not():
+CHANGED = {  # another value for every recipe setting; lr_scaling changes the recipe only with several GPUs
+    "epochs": 41,
+    "seed": 1,
+    "lr": 2e-4,
+    "lr_encoder": 3e-4,
+    "warmup_epochs": 2,
+    "resolution": 416,
+    "grad_accum_steps": 2,
+    "multi_scale": True,
+    "square_resize_div_64": False,
+    "eval_interval": 2,
+    "gpus": 2,
+    "lr_scaling": "none",
+}
+
+
+@pytest.mark.parametrize("key", RECIPE_KEYS)
+def test_every_recipe_setting_changes_the_recipe_id(key):
+    base = {**TRAIN, "gpus": 2} if key == "lr_scaling" else TRAIN
+    assert recipe_id(recipe_of({**base, key: CHANGED[key]}, PROFILE, "1.11.2")) != recipe_id(
+        recipe_of(base, PROFILE, "1.11.2")
+    )
+
+
+def test_the_profile_and_rfdetr_shape_the_recipe_and_how_to_run_settings_do_not():
     base = recipe_id(recipe_of(TRAIN, PROFILE, "1.11.2"))
-    for key, value in [("lr", 2e-4), ("epochs", 41), ("resolution", 416), ("seed", 1), ("warmup_epochs", 2)]:
-        assert recipe_id(recipe_of({**TRAIN, key: value}, PROFILE, "1.11.2")) != base, key
     assert recipe_id(recipe_of(TRAIN, {**PROFILE, "batch_size": 64}, "1.11.2")) != base
+    assert recipe_id(recipe_of(TRAIN, {**PROFILE, "precision": "fp8"}, "1.11.2")) != base
+    assert recipe_id(recipe_of(TRAIN, PROFILE, "1.12.0")) != base
     assert recipe_id(recipe_of(TRAIN, {**PROFILE, "compile": False}, "1.11.2")) == base
-    assert recipe_id(recipe_of({**TRAIN, "max_workers": 4, "profile": "h100"}, PROFILE, "1.11.2")) == base
+    how_to_run = {"max_workers": 4, "profile": "h100", "speedups": "none", "host_threads": 0, "loader_niceness": 0}
+    assert recipe_id(recipe_of({**TRAIN, **how_to_run}, PROFILE, "1.11.2")) == base
     assert recipe_diff({"lr": 1, "batch_size": 2}, {"lr": 1, "batch_size": 4}) == "batch_size: 2 -> 4"
 
 

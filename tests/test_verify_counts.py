@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.common import StageError
+from pipeline.common import StageError
 from scripts.verify_counts import verify_dataset
 
 EXPECTED = {"train2017": 8, "val2017": 4}

@@ -2,16 +2,13 @@
 
 rfdetr 1.11.2 solves all of a step's Hungarian matching problems on the GPU in one batch, brings the assignment to
 the host, and hands the loss one (query indices, target indices) pair of CPU tensors per image and decoder layer.
-The loss then indexes CUDA tensors with them (`target["labels"][target_indices]`, ...). Each such index is first
-copied to the GPU from pageable memory, and that copy waits until the GPU has finished everything queued before
-it. Profiled on an H200 at batch 128 (BENCHMARKS.md, `bench.profile_steps`): about 770 such waits per step. Each
-one is short (together about 6 ms of host time per step in the compiled recipe), and removing them gave 1.03x.
+The loss then indexes CUDA tensors with them; each such index is first copied to the GPU from pageable memory, and
+that copy waits until the GPU has finished everything queued before it (about 770 such waits per step at batch 128).
 
-`matches_on_device()` copies all of a step's indices to the GPU at once, from pinned memory, without waiting, and
-hands the loss the same values as CUDA tensors. Only where the index tensors live changes: the matching, the losses
-and therefore the training are the same. It wraps the one function of a private rfdetr module through which every
-GPU matching passes (`rfdetr.models._assignment.assign_many_bucketed`, which the matcher looks up on that module at
-each call), so it refuses any rfdetr version but the one it was checked against (`SUPPORTED_RFDETR`).
+This wraps `rfdetr.models._assignment.assign_many_bucketed`, the one function every GPU matching passes through
+(the matcher looks it up on that module at each call): all of a step's indices are copied to the GPU at once, from
+pinned memory, without waiting. Guarantees: the same index values, only on the cost matrices' device; matching and
+losses are unchanged. Shown by `tests/test_matches_on_device.py` (on the GPU too: `pytest -m gpu`).
 """
 
 from __future__ import annotations
@@ -20,7 +17,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
-from scripts.common import patch_rfdetr, send_without_waiting
+from rfdetr_extensions.patching import patch_rfdetr, send_without_waiting
 
 Matches = list[list[tuple[Any, Any]]]  # per layer, per image: (query indices, target indices)
 
@@ -50,6 +47,4 @@ def on_device_of_costs(assign: Callable[..., Matches]) -> Callable[..., Matches]
 
 def matches_on_device() -> AbstractContextManager[None]:
     """Within this block, rfdetr's batched matcher hands its indices to the loss on the GPU (see module doc)."""
-    return patch_rfdetr(
-        "rfdetr.models._assignment", "assign_many_bucketed", on_device_of_costs, "scripts/matches_on_device.py"
-    )
+    return patch_rfdetr("rfdetr.models._assignment", "assign_many_bucketed", on_device_of_costs)

@@ -3,16 +3,14 @@
 After every optimizer step, rfdetr 1.11.2's EMA callback calls `torch.optim.swa_utils.AveragedModel
 .update_parameters`, which reads its update counter, a tensor on the GPU, three times (`n_averaged == 0`,
 `n_averaged > 0`, and rfdetr's decay reads `.item()`). Each read waits until the GPU has finished the step's
-backward pass and optimizer update; only then does the host loop over the 464 weight tensors and go on to the next
-batch, while the GPU sits idle (H200 trace, BENCHMARKS.md).
+backward pass and optimizer update before the host can loop over the weights and go on to the next batch.
 
-`ema_without_waiting()` gives rfdetr's averaged model an `update_parameters` that keeps the counter's value on the
-host as well. It reads the GPU counter once, at the first update of a process (the value a resumed checkpoint
-restored) and again after any gap in the update sequence, and then computes exactly what `update_parameters` does:
-a copy of the weights at the first update, afterwards rfdetr's own foreach average with the decay of that counter
-value, and the counter's increment on the GPU. The EMA weights and the saved counter are the same; only the waits
-go. It touches private parts of rfdetr's callback, so it refuses any rfdetr version but the one it was checked
-against.
+This wraps `rfdetr.training.callbacks.ema.RFDETREMACallback._update_ema_for_step` so that rfdetr's averaged model
+keeps the counter's value on the host as well. It reads the GPU counter once, at the first update of a process
+(the value a resumed checkpoint restored) and again after any gap in the update sequence, and then computes exactly
+what `update_parameters` does: a copy of the weights at the first update, afterwards rfdetr's own foreach average
+with the decay of that counter value, and the counter's increment on the GPU. Guarantees: the same EMA weights and
+saved counter. Shown by `tests/test_ema_without_waiting.py`.
 """
 
 from __future__ import annotations
@@ -23,7 +21,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
-from scripts.common import patch_rfdetr
+from rfdetr_extensions.patching import patch_rfdetr
 
 
 class HostCounter:
@@ -96,9 +94,4 @@ def with_host_counter(original: Callable[..., None]) -> Callable[..., None]:
 
 def ema_without_waiting() -> AbstractContextManager[None]:
     """Within this block, rfdetr's EMA callback updates without waiting for the GPU (see module doc)."""
-    return patch_rfdetr(
-        "rfdetr.training.callbacks.ema:RFDETREMACallback",
-        "_update_ema_for_step",
-        with_host_counter,
-        "scripts/ema_without_waiting.py",
-    )
+    return patch_rfdetr("rfdetr.training.callbacks.ema:RFDETREMACallback", "_update_ema_for_step", with_host_counter)

@@ -1,4 +1,4 @@
-"""Triton kernels of scripts/deformable_sampling.py: bilinear sampling with zero padding and `align_corners=False`
+"""Triton kernels of `deformable_sampling`: bilinear sampling with zero padding and `align_corners=False`
 of (N, H, W, C) maps, and its backward pass, with grid_sampler_2d's formulas. Imported only where a GPU samples."""
 
 import triton

@@ -2,20 +2,13 @@
 
 rfdetr 1.11.2's matcher pads each image's target labels and boxes to the batch's largest count with torch's
 `pad_sequence`, twice per call, for every layer stack it matches. On a GPU that is one small copy per image (128 at
-batch 128), and the host spends its time launching them: 3.3 ms per call, 19.8 ms of host time per training step on
-the H200 in the sixth session's profile of the fastest variant (`bench/results/2026-11-30-sixth/
-callm-trace-full.json`, `host_ops`), where the GPU waits for the host.
+batch 128), and the host spends its time launching them while the GPU waits.
 
-`padding_in_one_copy()` replaces the matcher's `pad_sequence` with one that concatenates the sequences (one
-kernel) and writes them into the padded tensor with one indexed copy, the index built on the host from the
-sequence lengths (known there) and sent to the GPU without waiting. The result is `pad_sequence`'s, element for
-element (`tests/test_padding_in_one_copy.py`). Calls it does not cover (not batch-first, left padding, one
-sequence) go to torch's function.
-
-On the H200, beside the same steps without it, it took the train stage's extensions from 721.9 to 789.3 images/s
-(the unprofiled steps of a `bench.profile_steps` pair, BENCHMARKS.md, seventh session); the train stage uses it
-(`scripts/train.py: run_rfdetr`). It replaces the name `pad_sequence` in rfdetr's private `models.matcher` module,
-so it refuses any rfdetr version but the one it was checked against.
+This replaces the name `pad_sequence` in rfdetr's private `rfdetr.models.matcher` module with one that concatenates
+the sequences (one kernel) and writes them into the padded tensor with one indexed copy, the index built on the host
+from the sequence lengths (known there) and sent to the GPU without waiting. Calls it does not cover (not
+batch-first, left padding, a single sequence) go to torch's function. Guarantees: `pad_sequence`'s result, element
+for element. Shown by `tests/test_padding_in_one_copy.py` (on the GPU too: `pytest -m gpu`).
 """
 
 from __future__ import annotations
@@ -27,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from scripts.common import patch_rfdetr, send_without_waiting
+from rfdetr_extensions.patching import patch_rfdetr, send_without_waiting
 
 
 def padded_in_one_copy(sequences: Sequence[Tensor], padding_value: float = 0.0) -> Tensor:
@@ -57,4 +50,4 @@ def pad_in_one_copy(original: Callable[..., Tensor]) -> Callable[..., Tensor]:
 
 def padding_in_one_copy() -> AbstractContextManager[None]:
     """Within this block rfdetr's matcher pads targets in two operations (see the module's text)."""
-    return patch_rfdetr("rfdetr.models.matcher", "pad_sequence", pad_in_one_copy, "scripts/padding_in_one_copy.py")
+    return patch_rfdetr("rfdetr.models.matcher", "pad_sequence", pad_in_one_copy)

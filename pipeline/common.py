@@ -1,16 +1,12 @@
-"""Helpers shared by the stage scripts: logging, byte formatting, atomic JSON files."""
+"""Helpers every stage shares: logging, user-facing errors, byte formatting, atomic JSON files, the job's config."""
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import logging
 import os
-import pkgutil
 import socket
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +31,14 @@ def setup_logging() -> None:
 
 
 def run_main(main: Any) -> None:
-    """Run a stage's entry point; a StageError ends it with its message and exit code 1, no traceback."""
+    """Run a stage's entry point; a StageError (or a SpeedupError from `rfdetr_extensions`) ends it with its message
+    and exit code 1, no traceback."""
+    from rfdetr_extensions import SpeedupError
+
     setup_logging()
     try:
         main()
-    except StageError as error:
+    except (StageError, SpeedupError) as error:
         log.error("%s", error)
         sys.exit(1)
 
@@ -68,46 +67,6 @@ def write_json(path: str | os.PathLike[str], data: Any) -> None:
 def read_json(path: str | os.PathLike[str]) -> Any:
     with open(path) as handle:
         return json.load(handle)
-
-
-# The rfdetr version whose private parts the workflow extends (scripts/train.py and the speed extensions).
-SUPPORTED_RFDETR = "1.11.2"
-
-
-def rfdetr_version() -> str:
-    return importlib.metadata.version("rfdetr")
-
-
-def require_supported_rfdetr(what: str) -> None:
-    """Stop with what to do when the installed rfdetr is not the version `what` was written against."""
-    if rfdetr_version() != SUPPORTED_RFDETR:
-        raise StageError(
-            f"{what} extends rfdetr {SUPPORTED_RFDETR}, but rfdetr {rfdetr_version()} is installed. "
-            f"Install rfdetr=={SUPPORTED_RFDETR} (pip install -e . does)."
-        )
-
-
-@contextmanager
-def patch_rfdetr(owner: str, name: str, wrap: Callable[[Any], Any], what: str) -> Iterator[None]:
-    """Within this block `owner.name` is `wrap(original)`, and the original afterwards. `owner` is a module or
-    "module:Class" path in rfdetr, looked up only once the installed rfdetr is the supported version, so another
-    version stops with what to do rather than with a failed import."""
-    require_supported_rfdetr(what)
-    target = pkgutil.resolve_name(owner)
-    original = getattr(target, name)
-    setattr(target, name, wrap(original))
-    try:
-        yield
-    finally:
-        setattr(target, name, original)
-
-
-def send_without_waiting(host: Any, device: Any) -> Any:
-    """`host` (a CPU tensor) on `device`. To a GPU it goes from pinned memory without blocking, so the host does not
-    wait for the work already queued there; the tensor must not be changed afterwards."""
-    if str(device).startswith("cuda"):
-        host = host.pin_memory()
-    return host.to(device, non_blocking=True)
 
 
 CONFIG_ENV = "PIPELINE_CONFIG"

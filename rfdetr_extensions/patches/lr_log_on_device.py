@@ -1,17 +1,14 @@
 """Log rfdetr's learning rates without making the host wait for the GPU.
 
-Before every optimizer step rfdetr 1.11.2 logs the learning rate (`train/lr`, `train/lr_min`, `train/lr_max`,
-`RFDETRModelModule._log_learning_rates`) as Python numbers. Lightning turns each into a tensor on the GPU by copying
-it there, and such a copy waits for all work queued on the GPU: the host stops until the backward pass has finished,
-and only then starts the optimizer step, the EMA update and the next batch, while the GPU has nothing to do. On an
-H200 at batch 128 the host waited 21.6 ms per step in such copies, these and one in the loss (BENCHMARKS.md).
+Before every optimizer step rfdetr 1.11.2 logs the learning rate (`train/lr`, `train/lr_min`, `train/lr_max`) as
+Python numbers. Lightning turns each into a tensor on the GPU by copying it there, and such a copy waits for all work
+queued on the GPU: the host stops until the backward pass has finished, and only then starts the optimizer step,
+the EMA update and the next batch, while the GPU has nothing to do.
 
-`lr_log_on_device()` logs the same three values as tensors filled on the GPU (no copy, nothing to wait for), in the
-dtype Lightning would have given them: the logged numbers are the same. It replaces a private rfdetr method, so it
-refuses any rfdetr version but the one it was checked against.
-
-Measured on an H200 (BENCHMARKS.md, fifth session): +6.6 % images/s with CUDA graphs, whose shorter backward
-launch left the host waiting longest there; +3.5 % without them (runs in different calls).
+This replaces `rfdetr.training.module_model.RFDETRModelModule._log_learning_rates` with one that logs the same
+three values as tensors filled on the GPU (no copy, nothing to wait for), in the dtype Lightning would have given
+them. Guarantees: the same names, values and logging settings reach Lightning. Shown by
+`tests/test_lr_log_on_device.py`.
 """
 
 from __future__ import annotations
@@ -20,7 +17,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
-from scripts.common import patch_rfdetr
+from rfdetr_extensions.patching import patch_rfdetr
 
 
 def log_on_device(original: Callable[..., None]) -> Callable[..., None]:
@@ -45,9 +42,4 @@ def log_on_device(original: Callable[..., None]) -> Callable[..., None]:
 
 def lr_log_on_device() -> AbstractContextManager[None]:
     """Within this block, rfdetr logs its learning rates without waiting for the GPU (see module doc)."""
-    return patch_rfdetr(
-        "rfdetr.training.module_model:RFDETRModelModule",
-        "_log_learning_rates",
-        log_on_device,
-        "scripts/lr_log_on_device.py",
-    )
+    return patch_rfdetr("rfdetr.training.module_model:RFDETRModelModule", "_log_learning_rates", log_on_device)

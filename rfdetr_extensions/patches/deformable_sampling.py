@@ -3,30 +3,27 @@ gradients into channel-contiguous memory.
 
 rfdetr 1.11.2 samples the decoder's value map with `F.grid_sample` (bilinear, zero padding, `align_corners=False`):
 for RF-DETR Nano at batch 128, 2,048 maps (batch x 16 heads) of 16 channels at 24 x 24, each sampled at 7,800
-points (3,900 queries x 2 points), twice per step (two decoder layers). Its backward pass adds each sample's
-gradient into the four neighbouring pixels of every channel with one atomic addition each, about 10^9 per call,
-scattered over memory (channels are 576 values apart): on the H200 it took 26.8 ms of the step's 162.5 ms of GPU
-time, the largest single kernel (`callg-profile-full.json` of the fifth session, `top_kernels_ms_per_step`).
+points, twice per step. Its backward pass adds each sample's gradient into the four neighbouring pixels of every
+channel with one atomic addition each, about 10^9 per call, scattered over memory (channels are 576 values apart):
+the largest single kernel of a training step on the H200 (BENCHMARKS.md).
 
-`deformable_sampling()` routes that one call, on CUDA only, to a custom operator with the same arithmetic
-(PyTorch's `grid_sampler_2d` formulas): the map is read and its gradient accumulated with the 16 channels of a
-pixel next to each other, so the atomic additions of neighbouring threads land in the same cache line. Forward
-values and the gradient with respect to the sampling grid match `F.grid_sample` to float32 rounding, and the
-gradient of the map up to the order of the atomic additions, which `F.grid_sample` leaves unspecified too
-(`tests/test_deformable_sampling.py`, on the GPU). The operator is registered with `torch.library`, so
-`torch.compile` keeps it inside the compiled graph and CUDA graphs can record it. Other devices keep rfdetr's code.
+This replaces rfdetr's private `_bilinear_grid_sample`, as imported by its deformable-attention function
+(`rfdetr.models.ops.functions.ms_deform_attn_func`), with a custom operator for the CUDA case: the same arithmetic
+(PyTorch's `grid_sampler_2d` formulas), with the 16 channels of a pixel next to each other, so the atomic additions
+of neighbouring threads land in the same cache line. The operator is registered with `torch.library`, so
+`torch.compile` keeps it inside the compiled graph and CUDA graphs can record it. Other devices keep rfdetr's code;
+without Triton nothing is replaced and the log says so.
 
-Measured on an H200 (BENCHMARKS.md, sixth session): the backward kernel 3.27 ms per step against 26.4 ms; the
-forward kernel fell out of the 25 largest (under 1.23 ms), where Inductor's fused one took 4.58 ms; +16.9 %
-images/s mid-epoch beside the same variant without it.
-
-It replaces rfdetr's private `_bilinear_grid_sample` as imported by its deformable-attention function, so it refuses
-any rfdetr version but the one it was checked against.
+Guarantees: forward values and the gradient with respect to the sampling grid match `F.grid_sample` to float32
+rounding, and the gradient of the map up to the order of the atomic additions, which `F.grid_sample` leaves
+unspecified too. Shown by `tests/test_deformable_sampling.py` (in Triton's interpreter on the CPU, and at Nano's
+shapes on the GPU with `pytest -m gpu`).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
@@ -34,14 +31,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from scripts.common import log, patch_rfdetr
+from rfdetr_extensions.patching import patch_rfdetr
+
+log = logging.getLogger(__name__)
 
 BLOCK = 64  # sampling points per Triton program
 
 
 def _triton_kernels() -> Any:
     """The kernels' module, imported on first use (Triton is needed only where a GPU samples)."""
-    from scripts import deformable_sampling_kernels
+    from rfdetr_extensions.patches import deformable_sampling_kernels
 
     return deformable_sampling_kernels
 
@@ -131,9 +130,4 @@ def deformable_sampling() -> AbstractContextManager[None]:
     if importlib.util.find_spec("triton") is None:
         log.warning("Triton is not installed: the decoder samples with rfdetr's F.grid_sample (slower on a GPU)")
         return nullcontext()
-    return patch_rfdetr(
-        "rfdetr.models.ops.functions.ms_deform_attn_func",
-        "_bilinear_grid_sample",
-        sample_on_device,
-        "scripts/deformable_sampling.py",
-    )
+    return patch_rfdetr("rfdetr.models.ops.functions.ms_deform_attn_func", "_bilinear_grid_sample", sample_on_device)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from scripts.common import StageError
+from pipeline.common import StageError
 
 FP8_MIN_CAPABILITY = (8, 9)
 
@@ -151,10 +151,15 @@ def settle_profile(
     device: Device,
     train: Mapping[str, Any],
     te_problem: Callable[[], str | None] = transformer_engine_problem,
+    static_graphs: bool = True,
 ) -> tuple[dict[str, Any], str]:
-    """Check the FP8 route before training starts: error, or fall back to compiled bf16 if configured. Inductor's
-    CUDA graphs run on one GPU without gradient accumulation only (rfdetr stops otherwise), and are worth their
-    warm-up only for one fixed input shape: off for other runs."""
+    """Check the FP8 route before training starts: error, or fall back to compiled bf16 if configured.
+
+    Inductor's CUDA graphs run on one GPU without gradient accumulation only (rfdetr stops otherwise), and are worth
+    their warm-up only for one fixed input shape: off for other runs. `static_graphs` says whether the
+    `static_cuda_graphs` speedup is applied; without it rfdetr compiles for dynamic shapes when `cuda_graphs` is on,
+    which the reference notebook does only at batches up to 16, so larger batches leave the graphs off.
+    """
     if profile["precision"] != "fp8":
         fixed_shape = not train.get("multi_scale") and train.get("square_resize_div_64", True)
         single = train.get("gpus", 1) == 1 and train.get("grad_accum_steps", 1) == 1
@@ -163,6 +168,12 @@ def settle_profile(
             reason += (
                 "; cuda_graphs off: CUDA graph replay needs train.gpus: 1, train.grad_accum_steps: 1, "
                 "train.multi_scale: false and train.square_resize_div_64: true"
+            )
+        elif profile["cuda_graphs"] and profile["compile"] and not static_graphs and profile["batch_size"] > 16:
+            profile = {**profile, "cuda_graphs": False}
+            reason += (
+                "; cuda_graphs off: the static_cuda_graphs speedup is not applied, and rfdetr's own CUDA graphs "
+                "(compiled for dynamic shapes) are the notebook's choice only at batch_size <= 16"
             )
         return profile, reason
     problems = fp8_route_problems(device, train, te_problem)

@@ -9,6 +9,8 @@ from typing import Any
 import jsonschema
 import yaml
 
+from rfdetr_extensions import NAMES as SPEEDUP_NAMES
+
 
 def _key(path: Any) -> str:
     parts = [f"[{p}]" if isinstance(p, int) else str(p) for p in path]
@@ -49,6 +51,11 @@ def _profile_errors(config: Mapping[str, Any]) -> Iterator[str]:
     train = config.get("train")
     if not isinstance(train, Mapping):
         return
+    speedups = train.get("speedups")
+    if isinstance(speedups, list):
+        unknown = [name for name in speedups if name not in SPEEDUP_NAMES]
+        if unknown:
+            yield f"train.speedups: unknown speedup(s) {', '.join(unknown)} (known: {', '.join(SPEEDUP_NAMES)})"
     pinned = train.get("profile")
     if pinned not in (None, "auto") and pinned not in names:
         yield f"train.profile: unknown GPU profile {pinned!r} (known: auto, {', '.join(map(str, names))})"

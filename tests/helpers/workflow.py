@@ -15,7 +15,7 @@ from typing import Any
 import psutil
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 N_TRAIN, N_VAL = 8, 4
 
 

@@ -1,16 +1,14 @@
 """Move a training batch's targets to the GPU in one copy per field instead of one per field per image.
 
-rfdetr 1.11.2's data loader hands each batch's targets over packed: one tensor per field (boxes, labels, ...) for
-the whole batch (`rfdetr.utilities.tensors.PackedTargets`). Its `to_list`, which `transfer_batch_to_device` calls,
-then copies every image's slice of every field to the GPU on its own: at batch 128 with six fields that is about
-770 host-to-device copies per step, about 43 ms of host time in the H200 profile (BENCHMARKS.md), while the GPU
-waits for the step's forward to be launched.
+Replaces `rfdetr.utilities.tensors.PackedTargets.to_list` (rfdetr 1.11.2), which `transfer_batch_to_device` calls
+with the batch's packed targets (one tensor per field for the whole batch) and which copies every image's slice of
+every field to the GPU on its own: about 770 host-to-device copies per step at batch 128 with six fields, each
+launched by the host while the GPU waits for the step's forward pass.
 
-`targets_one_copy()` makes `to_list` copy each field once and hand out each image's part as a view of it. Values,
-dtypes, shapes and devices are those of rfdetr's copies; the images' tensors are disjoint slices, so an in-place
-write to one image's tensor cannot change another's (what rfdetr's separate copies guarantee). A CPU destination
-keeps rfdetr's own code. It replaces a method of a private rfdetr class, so it refuses any rfdetr version but the
-one it was checked against.
+Here each field is copied once and each image gets a view of its part. Guarantees: values, dtypes, shapes and
+devices are those of rfdetr's copies; the images' tensors are disjoint slices, so an in-place write to one image's
+tensor cannot change another's (what rfdetr's separate copies guarantee); a CPU destination keeps rfdetr's code.
+Shown by `tests/test_targets_one_copy.py` (on the GPU too: `pytest -m gpu`).
 """
 
 from __future__ import annotations
@@ -20,7 +18,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
-from scripts.common import patch_rfdetr
+from rfdetr_extensions.patching import patch_rfdetr
 
 
 def split_after_one_copy(packed: Any, device: Any, non_blocking: bool = False) -> list[dict[str, Any]]:
@@ -49,9 +47,4 @@ def to_list_in_one_copy_per_field(original: Callable[..., list[dict[str, Any]]])
 
 def targets_one_copy() -> AbstractContextManager[None]:
     """Within this block, packed training targets reach the GPU in one copy per field (see module doc)."""
-    return patch_rfdetr(
-        "rfdetr.utilities.tensors:PackedTargets",
-        "to_list",
-        to_list_in_one_copy_per_field,
-        "scripts/targets_one_copy.py",
-    )
+    return patch_rfdetr("rfdetr.utilities.tensors:PackedTargets", "to_list", to_list_in_one_copy_per_field)

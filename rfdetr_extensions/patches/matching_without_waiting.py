@@ -4,11 +4,9 @@ In a training step rfdetr 1.11.2 matches all decoder layers at once (`HungarianM
 cost matrices on the GPU, then reads a safety flag on the host (`bool(...)`), solves all problems with
 torch-hungarian's Triton solver, which reads two more flags (NaN costs, infeasible problems), and copies the
 assignment to the host to cut it into per-image index pairs. Each read waits for all work queued on the GPU. The
-first one waits for the forward pass; after it the GPU has nothing to do until the host has unpacked the assignment,
-built the loss and started the backward pass. The loss's box count (`SetCriterion.num_boxes_for_targets`) is one
-more wait: a Python number copied to the GPU.
+loss's box count (`SetCriterion.num_boxes_for_targets`) is one more wait: a Python number copied to the GPU.
 
-`matching_without_waiting()` replaces both with code that queues the same work and reads nothing back:
+This replaces both methods with code that queues the same work and reads nothing back:
 
 - the same cost matrices (rfdetr's own functions), the same padded batch of problems (`_assignment._stack_padded`)
   and the same Triton solver, called without its host-side checks;
@@ -16,17 +14,12 @@ more wait: a Python number copied to the GPU.
   host (every problem matches each of its image's targets exactly once);
 - the box count is a tensor filled on the GPU with the same value.
 
-The indices and losses are the same (tests compare them with rfdetr's on the GPU). What differs is what happens to a
-batch that fails rfdetr's safety gate (non-finite predictions or targets, labels out of range): rfdetr would match it
-again layer by layer with sanitised costs; here its costs are sanitised the way rfdetr does it and it is matched on
-the batched path, and a warning names the step once the flag has reached the host (a later step, without waiting).
-Batches the batched path does not take (a single image, masks, keypoints, layers of different sizes, more targets
-than a query group) go to rfdetr's own code unchanged. It replaces private rfdetr methods, so it refuses any rfdetr
-version but the one it was checked against.
-
-Measured on an H200 (BENCHMARKS.md, fifth session): on its own no faster. The GPU's idle stretch after the forward
-pass stayed, and the training thread starts almost no operation in it; it is part of the fastest variant measured,
-with `lr_log_on_device` and CUDA graphs.
+Guarantees: the same indices and losses. What differs is a batch that fails rfdetr's safety gate (non-finite
+predictions or targets, labels out of range): rfdetr would match it again layer by layer with sanitised costs; here
+its costs are sanitised the way rfdetr does it, it is matched on the batched path, and a warning names the step once
+the flag has reached the host (a later step, without waiting). Batches the batched path does not take (a single
+image, masks, keypoints, layers of different sizes, more targets than a query group) go to rfdetr's own code.
+Shown by `tests/test_matching_without_waiting.py` (on the GPU with sync debugging set to raise: `pytest -m gpu`).
 """
 
 from __future__ import annotations
@@ -37,10 +30,10 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
-from scripts.common import patch_rfdetr, send_without_waiting
+from rfdetr_extensions.patching import patch_rfdetr, send_without_waiting
 
 log = logging.getLogger(__name__)
-WHAT = "scripts/matching_without_waiting.py"
+WHAT = __name__
 Matches = list[list[tuple[Any, Any]]]  # per layer, per image: (query indices, target indices)
 
 
@@ -270,10 +263,10 @@ def matching_without_waiting() -> Iterator[None]:
 
     with ExitStack() as patches:
         patches.enter_context(
-            patch_rfdetr("rfdetr.models.matcher:HungarianMatcher", "_match_many", match_many_without_waiting, WHAT)
+            patch_rfdetr("rfdetr.models.matcher:HungarianMatcher", "_match_many", match_many_without_waiting)
         )
         patches.enter_context(
-            patch_rfdetr("rfdetr.models.criterion:SetCriterion", "num_boxes_for_targets", num_boxes_on_device, WHAT)
+            patch_rfdetr("rfdetr.models.criterion:SetCriterion", "num_boxes_for_targets", num_boxes_on_device)
         )
         from rfdetr.models.matcher import HungarianMatcher
 

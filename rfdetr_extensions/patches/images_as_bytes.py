@@ -1,25 +1,18 @@
 """Training images travel from the loader workers to the GPU as bytes; the GPU makes rfdetr's normalised floats.
 
-rfdetr's training transforms end by converting each image to float32 (`ToDtype(float32, scale=True)`) and
+rfdetr 1.11.2's training transforms end by converting each image to float32 (`ToDtype(float32, scale=True)`) and
 normalising it (`Normalize`), in the loader worker. A batch of 128 images at 384 px is then 226 MB of float32 in
-shared memory, and the training process frees it, holding Python's interpreter lock, once it is pinned: on the H200
-the training thread paused 25-50 ms about once per step with no operation running (BENCHMARKS.md, fifth session),
-and freeing such a batch takes tens of milliseconds (`python -m bench.shared_memory_free`; as bytes about a
-quarter of that).
+shared memory, which the training process frees, holding Python's interpreter lock, once the batch is pinned
+(`python -m bench.shared_memory_free` measures how long that takes).
 
-`images_as_bytes()` drops those two steps from the training pipeline, keeping `Normalize`'s target part (boxes to
-relative cxcywh), so a batch is 57 MB of uint8. After the batch reaches the GPU, the same two operations run there
-on the whole batch: torchvision's `to_dtype_image` and the subtraction and division `Normalize` does, with mean and
-std sent to the GPU once (torchvision's `normalize` would copy them and check them on the host at every call, a
-wait for the GPU). The floats are the same bit for bit (`tests/test_images_as_bytes.py`); padding, which rfdetr
-adds after normalising, is zero again. Validation keeps rfdetr's pipeline. Pipelines without a trailing
-`ToDtype` + `Normalize` (rfdetr's Kornia GPU augmentation) are left as they are.
-
-Measured on an H200 (BENCHMARKS.md, sixth session): +4.4 % images/s mid-epoch beside the same variant without it;
-the irregular 39-50 ms pauses were gone from the trace.
-
-It replaces rfdetr's private `datasets.coco._route_transforms` and wraps `RFDETRDataModule.on_after_batch_transfer`,
-so it refuses any rfdetr version but the one it was checked against.
+This replaces rfdetr's private `rfdetr.datasets.coco._route_transforms` so that the training pipeline drops those two
+steps, keeping `Normalize`'s target part (boxes to relative cxcywh): a batch is 57 MB of uint8. It wraps
+`RFDETRDataModule.on_after_batch_transfer` so that, once the batch is on the GPU, the same two operations run there
+on the whole batch (torchvision's `to_dtype_image`, then the subtraction and division `Normalize` does, with mean
+and std sent to the GPU once). Guarantees: the floats are rfdetr's bit for bit, and padding, which rfdetr adds after
+normalising, is zero again; validation keeps rfdetr's pipeline; pipelines that do not end in `ToDtype` +
+`Normalize` (rfdetr's Kornia GPU augmentation) are left as they are. Shown by `tests/test_images_as_bytes.py`
+(on the GPU too: `pytest -m gpu`).
 """
 
 from __future__ import annotations
@@ -29,9 +22,9 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
-from scripts.common import patch_rfdetr, send_without_waiting
+from rfdetr_extensions.patching import patch_rfdetr, send_without_waiting
 
-WHAT = "scripts/images_as_bytes.py"
+WHAT = __name__
 
 
 def _image_unchanged(image: Any) -> Any:
@@ -133,10 +126,8 @@ def images_as_bytes() -> Iterator[DeviceNormalize]:
         return on_after_batch_transfer
 
     with ExitStack() as patches:
-        patches.enter_context(patch_rfdetr("rfdetr.datasets.coco", "_route_transforms", route_train_as_bytes, WHAT))
+        patches.enter_context(patch_rfdetr("rfdetr.datasets.coco", "_route_transforms", route_train_as_bytes))
         patches.enter_context(
-            patch_rfdetr(
-                "rfdetr.training.module_data:RFDETRDataModule", "on_after_batch_transfer", normalize_first, WHAT
-            )
+            patch_rfdetr("rfdetr.training.module_data:RFDETRDataModule", "on_after_batch_transfer", normalize_first)
         )
         yield device_normalize

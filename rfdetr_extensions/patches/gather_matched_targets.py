@@ -3,15 +3,14 @@
 For every output layer, rfdetr 1.11.2's loss collects the targets its matcher paired with predictions
 (`SetCriterion._get_matched_targets`): for each image of the batch it builds a tensor of the image's number
 (`torch.full_like`) and indexes the image's labels and boxes, then concatenates. At batch 128 with six output layers
-that is about 2,300 small operations per training step. The host issues them after it has waited for the matcher's
-result and before the backward pass starts, while the GPU has nothing to do: on an H200 this stretch, not the GPU,
-set the pace of a step (BENCHMARKS.md).
+that is about 2,300 small operations per training step, issued by the host after the matching and before the
+backward pass, while the GPU has nothing to do.
 
-`gather_matched_targets()` makes `_get_matched_targets` compute the same three results at once: the images' numbers
-and row offsets per match are built on the host from tensor shapes alone (no wait for the GPU) and sent in one
-copy, the images' labels and boxes are concatenated once per step, and one index per field picks the matched rows.
-The values, dtypes and order are rfdetr's. It replaces a method of rfdetr's loss, so it refuses any rfdetr version
-but the one it was checked against.
+This replaces `rfdetr.models.criterion.SetCriterion._get_matched_targets` with one that computes the same three
+results at once: the images' numbers and row offsets per match are built on the host from tensor shapes alone (no
+wait for the GPU) and sent in one copy, the images' labels and boxes are concatenated once per step, and one index
+per field picks the matched rows. Guarantees: rfdetr's values, dtypes and order; unusual inputs go to rfdetr's code.
+Shown by `tests/test_gather_matched_targets.py` (on the GPU too: `pytest -m gpu`).
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from contextlib import AbstractContextManager
 from itertools import accumulate
 from typing import Any
 
-from scripts.common import patch_rfdetr, send_without_waiting
+from rfdetr_extensions.patching import patch_rfdetr, send_without_waiting
 
 
 class TargetsOfStep:
@@ -80,9 +79,4 @@ def batched_get_matched_targets(original: Callable[..., Any]) -> Callable[..., A
 
 def gather_matched_targets() -> AbstractContextManager[None]:
     """Within this block, rfdetr's loss gathers matched targets per layer at once (see module doc)."""
-    return patch_rfdetr(
-        "rfdetr.models.criterion:SetCriterion",
-        "_get_matched_targets",
-        batched_get_matched_targets,
-        "scripts/gather_matched_targets.py",
-    )
+    return patch_rfdetr("rfdetr.models.criterion:SetCriterion", "_get_matched_targets", batched_get_matched_targets)

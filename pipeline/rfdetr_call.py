@@ -1,0 +1,95 @@
+"""rfdetr's `train()` call: the reference notebook's keyword arguments, plus what the workflow adds to them.
+
+The notebook's call (dataset, epochs, batch, workers, seed, cosine schedule with warm-up, no TensorBoard, tqdm,
+precision, no gradient accumulation, fixed 384 px) comes from the recipe and the GPU profile; the workflow adds the
+state folder as `output_dir`, `resume`, the device, DDP for several GPUs, a validation batch of one shape, and a
+checkpoint interval that writes `last.ckpt` every epoch. Shown by `tests/test_train.py` and, against
+`bench/stock_recipe.py`, by `tests/test_pipeline.py::test_without_speedups_the_train_rule_gives_the_notebooks_losses`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pipeline.common import log
+from pipeline.dataset import count_images
+from pipeline.gpu_profiles import Device
+
+AMP_DTYPE = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "fp32": None}  # profile precision -> train(amp_dtype=)
+
+
+def eval_batch_size(val_images: int, batch_size: int, ranks: int = 1) -> int:
+    """The largest validation batch, up to the training batch, that divides each rank's share of the validation
+    set: every validation batch then has one shape, and the compiled model does not recompile for a smaller last
+    batch (COCO's 5,000 images at batch 128 would leave a last batch of 8). When no divisor comes within a
+    quarter of the training batch, one extra compile beats many small batches: keep the training batch."""
+    share = -(-val_images // ranks)
+    best = max(d for d in range(1, min(batch_size, share) + 1) if share % d == 0)
+    return best if best >= max(1, batch_size // 4) else batch_size
+
+
+def train_kwargs(recipe: Mapping[str, Any], dataset: str, state_dir: Path, workers: int, device: Device) -> dict:
+    """Keyword arguments for rfdetr's `train()`: the reference notebook's call, plus resume and device."""
+    kwargs: dict[str, Any] = dict(
+        dataset_file="coco",
+        dataset_dir=dataset,
+        output_dir=str(state_dir),
+        epochs=recipe["epochs"],
+        batch_size=recipe["batch_size"],
+        num_workers=workers,
+        seed=recipe["seed"],
+        lr=recipe["lr"],
+        lr_encoder=recipe["lr_encoder"],
+        lr_scheduler="cosine",
+        warmup_epochs=recipe["warmup_epochs"],
+        resolution=recipe["resolution"],
+        tensorboard=False,
+        progress_bar="tqdm",
+        amp_dtype=AMP_DTYPE[recipe["precision"]],
+        grad_accum_steps=recipe["grad_accum_steps"],
+        multi_scale=recipe["multi_scale"],
+        square_resize_div_64=recipe["square_resize_div_64"],
+        eval_interval=recipe["eval_interval"],
+        eval_batch_size=eval_batch_size(count_images(Path(dataset) / "val2017"), recipe["batch_size"], recipe["gpus"]),
+        # last.ckpt is written every epoch only while checkpoint_interval > 1; the interval archives are not
+        # needed (each block keeps its own checkpoint), so write at most one.
+        checkpoint_interval=max(2, recipe["epochs"]),
+    )
+    if device.kind == "cpu":
+        kwargs["device"] = "cpu"
+    if recipe["gpus"] > 1:  # Lightning DDP, one process per device (on the CPU: gloo, as in the tests)
+        kwargs.update(devices=recipe["gpus"], strategy="ddp")
+    return kwargs
+
+
+def single_node_ddp_plugins(gpus: int) -> list[Any]:
+    """Inside a SLURM job, Lightning expects `srun` to have started one task per GPU; this workflow starts one
+    process per job, so for several GPUs on one node Lightning must start the other ranks itself."""
+    if gpus <= 1:
+        return []
+    from lightning_fabric.plugins.environments import LightningEnvironment
+
+    return [LightningEnvironment()]
+
+
+def configure_compile_cache(cache_dir: Path) -> None:
+    """Keep torch.compile's caches with the run so a resumed job or the next block reuses them."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor"))
+    os.environ.setdefault("TRITON_CACHE_DIR", str(cache_dir / "triton"))
+    os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "1")
+    os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "1")
+
+
+def set_host_threads(threads: int, device: Device) -> None:
+    """CPU threads of this process's own torch operations on a GPU run (0 keeps torch's default). The data-loader
+    workers are separate processes with one thread each; see config.yaml's train.host_threads for why 1 is
+    faster. A CPU run computes the model itself on the host, so it keeps torch's default."""
+    import torch
+
+    if threads and device.kind == "cuda":
+        torch.set_num_threads(threads)
+    log.info("Host threads of the training process: %d", torch.get_num_threads())

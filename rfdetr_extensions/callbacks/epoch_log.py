@@ -1,0 +1,122 @@
+"""Per-epoch timings, step losses and learning rates of a training run, appended to a JSON-lines file.
+
+`EpochLog` writes one record per epoch (rank 0 only) to the file it is given: train and validation seconds, images
+and images/s, the host's wait for data and for the first batch, peak GPU memory, full garbage collections and the
+objects frozen (`gc_freeze`), and, per step, the learning rate, the training loss and (on a GPU) the step's duration
+on the GPU's own clock. Losses stay on the device until the epoch ends and step ends are CUDA events read then, so
+recording them adds no wait for the GPU. The workflow's train stage and `bench.stock_recipe` both use it, so their
+records compare one to one. Shown by `tests/test_pipeline.py` (CPU) and `tests/test_gpu.py` (GPU).
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import json
+import logging
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+
+from rfdetr_extensions.callbacks.gc_freeze import FullCollections
+
+log = logging.getLogger(__name__)
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+class EpochLog(pl.Callback):
+    """Appends one JSON record per epoch to `path` (see the module's text)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.full_collections = FullCollections()  # the process's full garbage collections
+
+    def setup(self, trainer: pl.Trainer, module: pl.LightningModule, stage: str) -> None:
+        self.full_collections.start()
+
+    def teardown(self, trainer: pl.Trainer, module: pl.LightningModule, stage: str) -> None:
+        self.full_collections.stop()
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+        sync()
+        self.record: dict[str, Any] = {"epoch": trainer.current_epoch, "images": 0, "lr": []}
+        self.losses: list[Any] = []
+        # An event on the GPU's stream at each step's end: the steps' durations on the GPU's own clock, read
+        # once the epoch ends, so timing a step costs no wait.
+        self.step_ends: list[Any] = []
+        self.first_step_started: float | None = None
+        self.collections_before = (self.full_collections.count, self.full_collections.seconds)
+        self.data_wait = 0.0  # host seconds between one step's end and the next one's start: the loader
+        self.step_ended: float | None = None
+        self.started = time.perf_counter()
+        self.val_seconds = 0.0
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+
+    def on_train_batch_start(self, trainer: pl.Trainer, module: pl.LightningModule, batch: Any, idx: int) -> None:
+        self.record["lr"].append(trainer.optimizers[0].param_groups[0]["lr"])
+        if self.first_step_started is None:
+            self.first_step_started = time.perf_counter()
+        if self.step_ended is not None:
+            self.data_wait += time.perf_counter() - self.step_ended
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, module: pl.LightningModule, outputs: Any, batch: Any, idx: int
+    ) -> None:
+        images = batch[0]  # this rank's share: under DDP every rank takes an equal batch
+        self.record["images"] += int(getattr(images, "tensors", images).shape[0]) * trainer.world_size
+        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+        if isinstance(loss, torch.Tensor):
+            self.losses.append(loss.detach().float().reshape(()))
+        if torch.cuda.is_available():
+            self.step_ends.append(torch.cuda.Event(enable_timing=True))
+            self.step_ends[-1].record()
+        self.step_ended = time.perf_counter()
+
+    def on_validation_epoch_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+        sync()
+        self.val_started = time.perf_counter()
+
+    def on_validation_epoch_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+        sync()
+        self.val_seconds += time.perf_counter() - self.val_started
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+        sync()
+        total = time.perf_counter() - self.started
+        train_seconds = total - self.val_seconds  # validation runs inside the epoch, before this hook
+        self.record["loss"] = torch.stack(self.losses).cpu().tolist() if self.losses else []
+        self.record["step_seconds"] = [  # from the end of one step to the end of the next, on the GPU
+            round(start.elapsed_time(end) / 1000, 5) for start, end in itertools.pairwise(self.step_ends)
+        ]
+        self.record.update(
+            train_seconds=round(train_seconds, 3),
+            val_seconds=round(self.val_seconds, 3),
+            images_per_second=round(self.record["images"] / max(train_seconds, 1e-9), 2),
+            data_wait_seconds=round(self.data_wait, 3),
+            # epoch start to the first step: the loader's first batch (and any epoch-start work)
+            first_batch_seconds=round((self.first_step_started or time.perf_counter()) - self.started, 3),
+            # full garbage collections during the epoch (validation included): each stops the training thread
+            full_collections=self.full_collections.count - self.collections_before[0],
+            full_collection_seconds=round(self.full_collections.seconds - self.collections_before[1], 3),
+            frozen_objects=gc.get_freeze_count(),  # objects full collections skip (gc_freeze)
+            peak_memory_gb=round(torch.cuda.max_memory_allocated() / 2**30, 2) if torch.cuda.is_available() else 0,
+        )
+        if trainer.is_global_zero:
+            with open(self.path, "a") as handle:
+                handle.write(json.dumps(self.record) + "\n")
+        log.info(
+            "epoch %d: %.1f s train (%.1f images/s), %.1f s validation",
+            self.record["epoch"],
+            train_seconds,
+            self.record["images_per_second"],
+            self.val_seconds,
+        )
