@@ -148,7 +148,7 @@ def main() -> None:
         "--bench-profile",
         type=json.loads,
         help='a profile row for this run only, as JSON: {"batch_size": 128, "precision": "bf16", "compile": true, '
-        '"cuda_graphs": true, "te_graphs": false}',
+        '"cuda_graphs": true}',
     )
     parser.add_argument("--train", type=json.loads, default={}, help='train settings to change, as JSON: {"lr": 2e-4}')
     parser.add_argument("--device", default="cuda", help="cpu: a smoke run of this script without a GPU")

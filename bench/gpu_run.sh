@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU measurements of BENCHMARKS.md, on a machine without network (the project's device machine).
-# usage: bench/gpu_run.sh stock|pipeline|ddp|recompiles|levers|profile      (OUT: folder for results; default /tmp/bench-out)
+# usage: bench/gpu_run.sh stock|pipeline|ddp|recompiles|levers|profile|route      (OUT: folder for results; default /tmp/bench-out)
+#        route:  ROUTE=<gpu_profiles row> NAME=<name> [EPOCHS=3] [SHARE_CACHE=1] bench/gpu_run.sh route
 #        levers: VARIANT='<a gpu_profiles row as JSON>' [TRAIN='<train settings as JSON>'] NAME=<name> [EPOCHS=3] [LOADER_WORKERS='16 32']
 #                [SPLIT_CPUS=1: half the CPUs each] bench/gpu_run.sh levers
 #        noise:  [EPOCHS=3] [SPLIT_CPUS=1] bench/gpu_run.sh noise   (the stock recipe twice, at once: its run-to-run noise)
@@ -45,7 +46,7 @@ case $phase in
               echo "$f: $(grep -c 'Recompiling function' "$f") recompiles"; grep -A3 'Recompiling function' "$f" | grep -E 'triggered by|guard' | sort | uniq -c | sort -rn | head -12
             done > "$OUT/recompiles.txt"
             cat "$OUT/recompiles.txt"; exit 0 ;;
-  ddp)      EAGER='{"batch_size": 128, "precision": "bf16", "compile": false, "cuda_graphs": false, "te_graphs": false}'
+  ddp)      EAGER='{"batch_size": 128, "precision": "bf16", "compile": false, "cuda_graphs": false}'
             for g in 1 2; do
               python3 -m bench.compare --dataset "$DATA" --out /tmp/bench --only pipeline --name "eager_${g}gpu" \
                 --bench-profile "$EAGER" --gpus "$g" --pipeline-epochs 2 --epochs-per-block 2
@@ -67,6 +68,19 @@ case $phase in
             done <<< "${PAIRS:-stock||matches_on_device|--matches-on-device}"
             kill $dmon || true
             for f in /tmp/profile-*.log; do grep -v "it/s" "$f" | tail -c 50000 > "$OUT/$(basename "$f")"; done
+            exit 0 ;;
+  route)    # the train stage alone on GPU 0 with the gpu_profiles row ROUTE, EPOCHS epochs in one block (NAME names the
+            # run); runs of one machine share the compile cache in /tmp/compile-cache when SHARE_CACHE=1
+            name=${NAME:?NAME names the run}
+            [ "${SHARE_CACHE:-0}" = 1 ] && export TORCHINDUCTOR_CACHE_DIR=/tmp/compile-cache/inductor TRITON_CACHE_DIR=/tmp/compile-cache/triton
+            nvidia-smi dmon -s u -d 2 > "$OUT/dmon-$name.txt" 2>&1 & dmon=$!
+            CUDA_VISIBLE_DEVICES=0 timeout "${LIMIT:-540}" python3 -m bench.compare --dataset "$DATA" --out "/tmp/r-$name" \
+              --only pipeline --name "$name" --profile "${ROUTE:?ROUTE names a gpu_profiles row}" \
+              --pipeline-epochs "${EPOCHS:-3}" --epochs-per-block "${EPOCHS:-3}" > "$OUT/compare-$name.txt" 2>&1 \
+              || echo "failed: $?" >> "$OUT/compare-$name.txt"
+            kill $dmon || true
+            cp "/tmp/r-$name/summary.json" "$OUT/summary-$name.json" || true
+            f=/tmp/r-$name/$name/results/logs/train/block_01.log; [ -f "$f" ] && tail -c 200000 "$f" > "$OUT/$name-block_01.log"
             exit 0 ;;
   noise)    # the stock recipe on GPU 0 and GPU 1 at the same time, same set, seed and epochs: how far two runs of
             # the same recipe drift apart step by step, to read a lever's loss differences against (bench.side_by_side)

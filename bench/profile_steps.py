@@ -1,7 +1,8 @@
 """Where a training step of the notebook's recipe spends its time: how busy the GPU is, and on what.
 
 usage: python -m bench.profile_steps --dataset DIR --out FILE.json [--batch 128] [--start 30] [--steps 6]
-           [--variant stock|eager|eager_graphs] [--speedups none|all|NAME,...|all,-NAME,...] [--loader-niceness N]
+           [--variant stock|eager|eager_graphs|te_graphs] [--speedups none|all|NAME,...|all,-NAME,...]
+           [--loader-niceness N]
            [--threads N] [--sync-debug] [--resolution N] [--trace]
 
 Runs the notebook's `train()` call (bench.stock_recipe) with the speedups of the workflow's registry that
@@ -31,7 +32,8 @@ from typing import Any
 
 from pipeline.common import run_main
 
-VARIANTS = {"stock": (None, None), "eager": (False, False), "eager_graphs": (False, True)}
+# (compile, cuda_graphs) of each variant; te_graphs is the notebook's USE_TE_GRAPHS route (FP8, Transformer Engine)
+VARIANTS = {"stock": (None, None), "eager": (False, False), "eager_graphs": (False, True), "te_graphs": (None, None)}
 # Host-side CUDA calls that wait for the GPU (a blocking copy to the host is a cudaMemcpyAsync that waits too).
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
 LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC")
@@ -300,6 +302,7 @@ def main() -> None:
             compile_,
             graphs,
             args.resolution,
+            use_te_graphs=args.variant == "te_graphs",
         )
     raise SystemExit(f"training ended before step {args.start + args.steps}: use a larger set or a smaller --start")
 

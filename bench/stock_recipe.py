@@ -27,10 +27,12 @@ def train_like_notebook(
     cuda_graphs: bool | None = None,
     resolution: int | None = None,
     workers: int | None = None,
+    use_te_graphs: bool = False,
 ) -> None:
     """The notebook's model and `train()` cell. Arguments left at None keep the notebook's values;
     bench.profile_steps sets `compile` and `cuda_graphs` to profile a variant, the tests `resolution` and `workers`
-    (a resolution is passed to `train()`, as the workflow passes it)."""
+    (a resolution is passed to `train()`, as the workflow passes it). `use_te_graphs` is the notebook's
+    USE_TE_GRAPHS: the Transformer Engine FP8 graph route."""
     import pytorch_lightning as pl
     from rfdetr import RFDETRNano
 
@@ -39,7 +41,6 @@ def train_like_notebook(
     # The notebook leaves the model's initialisation unseeded (its train() seeds only after the model is built).
     # Seeding it with the training seed, as the workflow does, makes loss curves comparable step by step.
     pl.seed_everything(0, workers=True)
-    use_te_graphs = False
     model = RFDETRNano(
         compile=(not use_te_graphs) if compile is None else compile,
         cuda_graphs=(use_te_graphs or batch <= 16) if cuda_graphs is None else cuda_graphs,

@@ -9,6 +9,7 @@ and memory the device meets.
 from __future__ import annotations
 
 import importlib
+import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from typing import Any
 from pipeline.common import StageError
 
 FP8_MIN_CAPABILITY = (8, 9)
+FP8_ROWS = 8  # Transformer Engine's FP8 GEMMs: every input's rows (the product of all dimensions but the last) % 8 == 0
 
 
 @dataclass(frozen=True)
@@ -104,12 +106,31 @@ def transformer_engine_problem() -> str | None:
     return None
 
 
+def fp8_batch_multiple(resolution: int, patch: int = 16, windows: int = 2, queries: int = 300) -> int:
+    """The smallest batch size whose multiples give every Transformer Engine layer of RF-DETR Nano rows in multiples
+    of 8 (`FP8_ROWS`), at `resolution`. Per image, the backbone's linear layers see windows² × (patches per window +
+    1 class token) rows (4 × 145 = 580 at 384 px), the encoder's the patches (576), the decoder's the queries (300):
+    580 and 300 carry only 4 of the 8, so batches must be even. Every batch counts, the last of an epoch's validation
+    too: a validation batch of 125 (COCO's 5,000 images in 40 batches) stops the route at its first validation.
+    Shown by `tests/test_train.py::test_the_fp8_routes_validation_batches_all_have_rows_in_multiples_of_8`."""
+    side = resolution // patch
+    rows_per_image = (windows**2 * ((side // windows) ** 2 + 1), side**2, queries)
+    return math.lcm(*(FP8_ROWS // math.gcd(FP8_ROWS, rows) for rows in rows_per_image))
+
+
+def batch_multiple(profile: Mapping[str, Any], resolution: int) -> int:
+    """What every training and validation batch must be a multiple of on this profile's route (1: no rule)."""
+    return fp8_batch_multiple(resolution) if profile["precision"] == "fp8" else 1
+
+
 def fp8_route_problems(
     device: Device,
     train: Mapping[str, Any],
     te_problem: Callable[[], str | None] = transformer_engine_problem,
+    val_images: int | None = None,
 ) -> list[str]:
-    """Every reason the Transformer Engine FP8 graph route cannot run; empty when it can."""
+    """Every reason the Transformer Engine FP8 graph route cannot run; empty when it can. `val_images`: the
+    validation set's size, whose share per GPU must split into batches that keep the route's shape rule."""
     problems = []
     if device.kind != "cuda":
         problems.append("the FP8 route needs a CUDA GPU")
@@ -126,6 +147,12 @@ def fp8_route_problems(
         problems.append("set train.square_resize_div_64: true (FP8 graphs need one fixed input shape)")
     if train.get("gpus", 1) != 1:
         problems.append("set train.gpus: 1 (the FP8 graph route is single-GPU only)")
+    multiple = fp8_batch_multiple(train.get("resolution", 384))
+    if val_images is not None and val_images % multiple:
+        problems.append(
+            f"the validation set has {val_images} images, which no batching splits into batches that are all "
+            f"multiples of {multiple}, as Transformer Engine's FP8 layers need at resolution {train.get('resolution')}"
+        )
     te = te_problem()
     if te:
         problems.append(te)
@@ -141,7 +168,6 @@ def bf16_fallback(profile: Mapping[str, Any]) -> dict[str, Any]:
         "precision": "bf16",
         "compile": True,
         "cuda_graphs": batch <= 16,
-        "te_graphs": False,
     }
 
 
@@ -152,6 +178,7 @@ def settle_profile(
     train: Mapping[str, Any],
     te_problem: Callable[[], str | None] = transformer_engine_problem,
     static_graphs: bool = True,
+    val_images: int | None = None,
 ) -> tuple[dict[str, Any], str]:
     """Check the FP8 route before training starts: error, or fall back to compiled bf16 if configured.
 
@@ -176,7 +203,7 @@ def settle_profile(
                 "(compiled for dynamic shapes) are the notebook's choice only at batch_size <= 16"
             )
         return profile, reason
-    problems = fp8_route_problems(device, train, te_problem)
+    problems = fp8_route_problems(device, train, te_problem, val_images)
     if not problems:
         return profile, reason
     listed = "; ".join(problems)

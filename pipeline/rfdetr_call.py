@@ -16,19 +16,28 @@ from typing import Any
 
 from pipeline.common import log
 from pipeline.dataset import count_images
-from pipeline.gpu_profiles import Device
+from pipeline.gpu_profiles import Device, batch_multiple
 
 AMP_DTYPE = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "fp32": None}  # profile precision -> train(amp_dtype=)
 
 
-def eval_batch_size(val_images: int, batch_size: int, ranks: int = 1) -> int:
-    """The largest validation batch, up to the training batch, that divides each rank's share of the validation
-    set: every validation batch then has one shape, and the compiled model does not recompile for a smaller last
-    batch (COCO's 5,000 images at batch 128 would leave a last batch of 8). When no divisor comes within a
-    quarter of the training batch, one extra compile beats many small batches: keep the training batch."""
+def eval_batch_size(val_images: int, batch_size: int, ranks: int = 1, multiple: int = 1) -> int:
+    """The validation batch for `val_images` images over `ranks` GPUs, at most the training batch.
+
+    Every validation batch, the last included, is a multiple of `multiple` (a route's shape rule, see
+    `pipeline.gpu_profiles.batch_multiple`; 1: none). Among such sizes, the largest that divides each rank's share:
+    every batch then has one shape, and the compiled model does not recompile for a smaller last batch (COCO's 5,000
+    images at batch 128 would leave a last batch of 8). When no divisor comes within a quarter of the training batch,
+    one extra compile beats many small batches: the training batch, rounded down to the multiple. ValueError when
+    the share is no multiple of `multiple` (no batching keeps the rule; `fp8_route_problems` reports it first).
+    Shown by `tests/test_train.py`.
+    """
     share = -(-val_images // ranks)
-    best = max(d for d in range(1, min(batch_size, share) + 1) if share % d == 0)
-    return best if best >= max(1, batch_size // 4) else batch_size
+    if share % multiple:
+        raise ValueError(f"{share} validation images per GPU split into no batches that are multiples of {multiple}")
+    limit = min(batch_size, share)
+    best = max(size for size in range(multiple, limit + 1, multiple) if share % size == 0)
+    return best if best >= max(1, batch_size // 4) else max(multiple, batch_size - batch_size % multiple)
 
 
 def train_kwargs(recipe: Mapping[str, Any], dataset: str, state_dir: Path, workers: int, device: Device) -> dict:
@@ -53,7 +62,12 @@ def train_kwargs(recipe: Mapping[str, Any], dataset: str, state_dir: Path, worke
         multi_scale=recipe["multi_scale"],
         square_resize_div_64=recipe["square_resize_div_64"],
         eval_interval=recipe["eval_interval"],
-        eval_batch_size=eval_batch_size(count_images(Path(dataset) / "val2017"), recipe["batch_size"], recipe["gpus"]),
+        eval_batch_size=eval_batch_size(
+            count_images(Path(dataset) / "val2017"),
+            recipe["batch_size"],
+            recipe["gpus"],
+            batch_multiple(recipe, recipe["resolution"]),
+        ),
         # last.ckpt is written every epoch only while checkpoint_interval > 1; the interval archives are not
         # needed (each block keeps its own checkpoint), so write at most one.
         checkpoint_interval=max(2, recipe["epochs"]),

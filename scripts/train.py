@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.common import StageError, log, pipeline_config, read_json, run_main, where_this_runs, write_json
-from pipeline.dataset import remove_staged
+from pipeline.dataset import count_images, remove_staged
 from pipeline.gpu_profiles import detect_device, resolve_profile, settle_profile
 from pipeline.recipe import INIT_NOTE, recipe_id, recipe_of
 from pipeline.resume import (
@@ -82,7 +82,9 @@ def train_block(args: argparse.Namespace, settings: Mapping[str, Any], rfdetr_ve
     device = detect_device(train["device"])
     profile, reason = resolve_profile(settings["gpu_profiles"], device, train["profile"])
     static_graphs = "static_cuda_graphs" in speedups.names()
-    profile, reason = settle_profile(profile, reason, device, train, static_graphs=static_graphs)
+    stage = read_json(args.stage_report)
+    val_images = count_images(Path(stage["path"]) / "val2017")
+    profile, reason = settle_profile(profile, reason, device, train, static_graphs=static_graphs, val_images=val_images)
     log.info("Device: %s", device.describe())
     log.info("GPU profile: %s (%s): %s", profile["name"], reason, json.dumps(profile, sort_keys=True))
     for line in speedups.report():
@@ -105,7 +107,6 @@ def train_block(args: argparse.Namespace, settings: Mapping[str, Any], rfdetr_ve
     log.info("Epochs %d-%d of %d: %s", start + 1, end, recipe["epochs"], plan.note)
     if main_rank:
         prepare_state(state_dir, plan)
-    stage = read_json(args.stage_report)
     if plan.next_epoch < end:
         kwargs = train_kwargs(recipe, stage["path"], state_dir, min(args.threads, train["max_workers"]), device)
         if plan.checkpoint is not None:

@@ -41,9 +41,9 @@ def test_the_notebook_table_is_carried_over():
     assert (rows["rtx-pro-6000"]["batch_size"], rows["l4"]["batch_size"], rows["a100"]["batch_size"]) == (128, 32, 64)
     assert rows["t4"]["precision"] == "fp16"
     assert rows["rtx-pro-6000-fp8"] | {"auto": False} == rows["rtx-pro-6000-fp8"]
-    assert rows["rtx-pro-6000-fp8"]["te_graphs"] and not rows["rtx-pro-6000-fp8"]["compile"]
+    assert rows["rtx-pro-6000-fp8"]["cuda_graphs"] and not rows["rtx-pro-6000-fp8"]["compile"]
     for row in (p for p in PROFILES if p["name"] not in ("cpu", "h200")):  # Inductor graphs at batch <= 16, or TE
-        assert row["cuda_graphs"] == (row["batch_size"] <= 16 or row["te_graphs"]), row["name"]
+        assert row["cuda_graphs"] == (row["batch_size"] <= 16 or row["precision"] == "fp8"), row["name"]
     # measured on the H200 (BENCHMARKS.md): graphs of the model compiled for the one training shape, at batch 128
     assert rows["h200"]["cuda_graphs"] and rows["h200"]["batch_size"] == 128
 
@@ -92,7 +92,7 @@ def test_fp8_with_an_unsupported_recipe_names_each_setting():
 
 def test_fp8_falls_back_to_compiled_bf16_when_the_config_asks():
     profile, reason = settle_profile(FP8, "pinned", gpu("NVIDIA H200"), {**TRAIN, "fp8_fallback": "bf16"})
-    assert (profile["precision"], profile["compile"], profile["te_graphs"]) == ("bf16", True, False)
+    assert (profile["precision"], profile["compile"], profile["cuda_graphs"]) == ("bf16", True, False)
     assert profile["batch_size"] == FP8["batch_size"] and "fp8_fallback: bf16" in reason
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from pipeline.blocks import block_ranges
 from pipeline.common import StageError
+from pipeline.gpu_profiles import Device, fp8_batch_multiple, fp8_route_problems
 from pipeline.recipe import RECIPE_KEYS, recipe_diff, recipe_id, recipe_of
 from pipeline.resume import plan_resume, truncate_metrics
 from pipeline.rfdetr_call import eval_batch_size
@@ -15,6 +16,7 @@ from tests.helpers.workflow import base_config
 
 TRAIN = base_config()["train"]
 PROFILE = {"batch_size": 128, "precision": "bf16"}
+H200 = Device("cuda", "NVIDIA H200", (9, 0), 143.0, 1)
 
 
 def test_blocks_cover_every_epoch_once_and_the_last_may_be_shorter():
@@ -110,3 +112,33 @@ def test_the_validation_batch_divides_the_validation_set_so_its_shape_never_chan
     assert eval_batch_size(500, 128) == 125
     assert eval_batch_size(4, 2) == 2
     assert eval_batch_size(4999, 128) == 128  # no divisor near the batch: one extra compile, not tiny batches
+
+
+def validation_batches(images: int, batch: int) -> list[int]:
+    """The batch sizes of a validation loader without drop_last."""
+    return [batch] * (images // batch) + ([images % batch] if images % batch else [])
+
+
+# Rows per image of RF-DETR Nano's Transformer Engine layers at 384 px: the backbone's 4 windows of 145 tokens (the
+# failing tensor of a validation batch of 125 was [500, 145, 384]), the encoder's 24 x 24 patches, 300 queries.
+NANO_ROWS_AT_384 = (4 * 145, 24 * 24, 300)
+
+
+@pytest.mark.parametrize(("images", "ranks"), [(5000, 1), (500, 1), (5000, 2), (500, 2), (12288, 1), (4, 1)])
+def test_the_fp8_routes_validation_batches_all_have_rows_in_multiples_of_8(images, ranks):
+    multiple = fp8_batch_multiple(384)
+    batch = eval_batch_size(images, 128, ranks, multiple)
+    share = -(-images // ranks)
+    for size in validation_batches(share, batch):
+        assert all(size * rows % 8 == 0 for rows in NANO_ROWS_AT_384), (batch, size)
+    assert 128 // 4 <= batch <= 128 or batch == share  # not a tiny batch
+
+
+@pytest.mark.parametrize(("images", "ranks"), [(4999, 1), (5000, 8)])  # a prime count; a share of 625 per GPU
+def test_a_validation_share_no_batching_can_split_for_fp8_is_an_fp8_problem_named_before_training(images, ranks):
+    with pytest.raises(ValueError, match="multiples of 2"):
+        eval_batch_size(images, 128, ranks, fp8_batch_multiple(384))
+    train = {**TRAIN, "gpus": 1}
+    problems = fp8_route_problems(H200, train, lambda: None, val_images=-(-images // ranks))
+    assert len(problems) == 1 and f"{-(-images // ranks)} images" in problems[0]
+    assert fp8_route_problems(H200, train, lambda: None, val_images=5000) == []
