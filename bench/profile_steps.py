@@ -286,7 +286,11 @@ def main() -> None:
     default_threads = torch.get_num_threads()
     if args.threads:
         torch.set_num_threads(args.threads)
-    name = "+".join([args.variant, *selection.names()])
+    # the variant and the speedups left out of all of them (or those applied, when fewer): a short, readable name
+    chosen, left_out = selection.names(), [speedup.name for speedup, _ in selection.left_off]
+    name = "+".join(
+        [args.variant, *(chosen if len(chosen) <= len(left_out) else ["all", *(f"-{n}" for n in left_out)])]
+    )
     name += f"+nice{args.loader_niceness}" if args.loader_niceness else ""
     name += f"+threads{args.threads}" if args.threads else ""
     callback = profile_callback(args.start, args.steps, args.out, args.batch, name, args.trace, args.sync_debug)

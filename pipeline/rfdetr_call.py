@@ -72,6 +72,7 @@ def train_kwargs(recipe: Mapping[str, Any], dataset: str, state_dir: Path, worke
         # needed (each block keeps its own checkpoint), so write at most one.
         checkpoint_interval=max(2, recipe["epochs"]),
     )
+    log.info("Validation batch: %d images (pipeline.rfdetr_call.eval_batch_size)", kwargs["eval_batch_size"])
     if device.kind == "cpu":
         kwargs["device"] = "cpu"
     if recipe["gpus"] > 1:  # Lightning DDP, one process per device (on the CPU: gloo, as in the tests)
