@@ -1,4 +1,5 @@
-# RF-DETR Nano trained from scratch on COCO2017: download -> extract -> verify -> (stage + train blocks) -> plot.
+# RF-DETR Nano trained from scratch on COCO2017: download -> extract -> verify -> (stage + train blocks) -> plot,
+# evaluate, export.
 # See README.md. Settings: config.yaml (validated against schemas/config.schema.yaml).
 from snakemake.utils import min_version
 
@@ -15,6 +16,8 @@ include: "rules/extract.smk"
 include: "rules/verify.smk"
 include: "rules/train.smk"
 include: "rules/plot.smk"
+include: "rules/evaluate.smk"
+include: "rules/export.smk"
 
 
 report: "report/workflow.rst"

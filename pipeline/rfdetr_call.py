@@ -1,20 +1,22 @@
 """rfdetr's `train()` call: the reference notebook's keyword arguments, plus what the workflow adds to them.
 
-The notebook's call (dataset, epochs, batch, workers, seed, cosine schedule with warm-up, no TensorBoard, tqdm,
-precision, no gradient accumulation, fixed 384 px) comes from the recipe and the GPU profile; the workflow adds the
-state folder as `output_dir`, `resume`, the device, DDP for several GPUs, a validation batch of one shape, and a
-checkpoint interval that writes `last.ckpt` every epoch. Shown by `tests/test_train.py` and, against
+The notebook's call (dataset, epochs, batch, workers, seed, cosine schedule with warm-up, tqdm, precision, no gradient
+accumulation, fixed 384 px) comes from the recipe and the GPU profile; the workflow adds the state folder as
+`output_dir`, `resume`, the device, DDP for several GPUs, a validation batch of one shape, a checkpoint interval that
+writes `last.ckpt` every epoch, and the loggers of `train.loggers` (the notebook turns TensorBoard off; the workflow
+has it on by default). None of these changes what is trained. Shown by `tests/test_train.py` and, against
 `bench/stock_recipe.py`, by `tests/test_pipeline.py::test_without_speedups_the_train_rule_gives_the_notebooks_losses`.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.common import log
+from pipeline.common import StageError, log
 from pipeline.dataset import count_images
 from pipeline.gpu_profiles import Device, batch_multiple
 
@@ -40,8 +42,42 @@ def eval_batch_size(val_images: int, batch_size: int, ranks: int = 1, multiple: 
     return best if best >= max(1, batch_size // 4) else max(multiple, batch_size - batch_size % multiple)
 
 
-def train_kwargs(recipe: Mapping[str, Any], dataset: str, state_dir: Path, workers: int, device: Device) -> dict:
-    """Keyword arguments for rfdetr's `train()`: the reference notebook's call, plus resume and device."""
+LOGGERS = ("csv", "tensorboard", "mlflow", "wandb")  # train.loggers; rfdetr always writes metrics.csv
+LOGGER_PACKAGES = {"tensorboard": "tensorboard", "mlflow": "mlflow", "wandb": "wandb"}
+
+
+def check_loggers(loggers: Sequence[str]) -> None:
+    """StageError naming the package to install for each logger in `loggers` that cannot be imported."""
+    missing = [name for name in loggers if name in LOGGER_PACKAGES and importlib.util.find_spec(name) is None]
+    if missing:
+        packages = " ".join(LOGGER_PACKAGES[name] for name in missing)
+        raise StageError(
+            f"train.loggers names {', '.join(missing)}, which is not installed: pip install {packages} "
+            "(or leave it out of train.loggers in config.yaml)."
+        )
+
+
+def logger_kwargs(loggers: Sequence[str], run_name: str) -> dict[str, Any]:
+    """rfdetr's logger flags for `loggers`: TensorBoard writes into the state folder (one run across the blocks);
+    W&B and MLflow name each block's run after the recipe id, in the project "rfdetr-coco2017"."""
+    return {
+        "tensorboard": "tensorboard" in loggers,
+        "mlflow": "mlflow" in loggers,
+        "wandb": "wandb" in loggers,
+        "project": "rfdetr-coco2017",
+        "run": run_name,
+    }
+
+
+def train_kwargs(
+    recipe: Mapping[str, Any],
+    dataset: str,
+    state_dir: Path,
+    workers: int,
+    device: Device,
+    loggers: Sequence[str] = ("csv",),
+) -> dict:
+    """Keyword arguments for rfdetr's `train()`: the reference notebook's call, plus resume, device and loggers."""
     kwargs: dict[str, Any] = dict(
         dataset_file="coco",
         dataset_dir=dataset,
@@ -55,7 +91,6 @@ def train_kwargs(recipe: Mapping[str, Any], dataset: str, state_dir: Path, worke
         lr_scheduler="cosine",
         warmup_epochs=recipe["warmup_epochs"],
         resolution=recipe["resolution"],
-        tensorboard=False,
         progress_bar="tqdm",
         amp_dtype=AMP_DTYPE[recipe["precision"]],
         grad_accum_steps=recipe["grad_accum_steps"],
@@ -71,6 +106,7 @@ def train_kwargs(recipe: Mapping[str, Any], dataset: str, state_dir: Path, worke
         # last.ckpt is written every epoch only while checkpoint_interval > 1; the interval archives are not
         # needed (each block keeps its own checkpoint), so write at most one.
         checkpoint_interval=max(2, recipe["epochs"]),
+        **logger_kwargs(loggers, state_dir.name),
     )
     log.info("Validation batch: %d images (pipeline.rfdetr_call.eval_batch_size)", kwargs["eval_batch_size"])
     if device.kind == "cpu":

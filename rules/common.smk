@@ -4,17 +4,23 @@ import sys
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
+from snakemake.logging import logger
 
 sys.path.insert(0, workflow.basedir)
 from pipeline.blocks import block_name, block_ranges
 from pipeline.common import CONFIG_ENV
 from pipeline.config_check import ConfigError, validate_config
+from pipeline.export_formats import missing_message, missing_modules
 from pipeline.recipe import RECIPE_KEYS
 
 try:
     validate_config(config, Path(workflow.basedir) / "schemas" / "config.schema.yaml")
 except ConfigError as error:
     raise WorkflowError(str(error)) from None
+# Said now, not after hours of training: the export stage would stop on it.
+for fmt in config["export"]["formats"]:
+    if missing := missing_modules(fmt):
+        logger.warning(f"Warning: {missing_message(fmt, missing)}")
 
 # Rules run `python -m scripts.<stage>`: that must be the interpreter running snakemake (a conda env,
 # when used, is activated in the job's shell and comes first), with this folder importable.
@@ -37,6 +43,8 @@ RESULTS = Path(config["results_dir"])
 LOGS = RESULTS / "logs"
 BENCHMARKS = RESULTS / "benchmarks"
 TRAIN = RESULTS / "train"
+EVAL = RESULTS / "eval"
+EXPORT = RESULTS / "export"
 
 ARCHIVE_NAMES = list(config["archives"])
 FOLDERS = [config["archives"][name]["folder"] for name in ARCHIVE_NAMES]
@@ -63,6 +71,7 @@ wildcard_constraints:
     archive="|".join(ARCHIVE_NAMES),
     folder="|".join(FOLDERS),
     block="|".join(BLOCKS),
+    format="|".join(config["export"]["formats"]) or "none",
 
 
 def archive_path(name):
@@ -82,6 +91,10 @@ def previous_extraction(wildcards):
 
 def block_outputs(block):
     return {Path(name).stem: str(TRAIN / block / name) for name in BLOCK_OUTPUTS}
+
+
+def last_block_output(name):
+    return str(TRAIN / list(BLOCKS)[-1] / name)
 
 
 def previous_block(wildcards):
@@ -110,4 +123,29 @@ def final_targets():
         str(RESULTS / "plots" / "loss.png"),
         str(RESULTS / "plots" / "map.png"),
         str(RESULTS / "plots" / "summary.txt"),
+        str(RESULTS / "report" / "epochs.html"),
+        str(RESULTS / "report" / "run.html"),
+        str(EVAL / "metrics.json"),
+        str(EVAL / "metrics.html"),
+        str(EVAL / "per_class.csv"),
+        str(EVAL / "per_class.png"),
+        *(str(EXPORT / f"model.{fmt}") for fmt in config["export"]["formats"]),
     ]
+
+
+def report_requested():
+    """Whether this snakemake was asked for `--report` (the report is built after this file is read)."""
+    return any(arg == "--report" or arg.startswith("--report=") for arg in sys.argv)
+
+
+# A report before the run has finished would stop on the first missing file, after a warning per output: say
+# instead what is missing and how to get it.
+if report_requested():
+    missing = [target for target in final_targets() if not Path(target).exists()]
+    if missing:
+        raise WorkflowError(
+            f"The report shows the finished run, and {len(missing)} of its files are missing:\n  "
+            + "\n  ".join(missing)
+            + "\nRun `snakemake --cores all` to the end first (it resumes where it stopped), then ask for the "
+            "report again. While training runs, watch it with TensorBoard instead (README, 'Watching a run')."
+        )

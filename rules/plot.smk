@@ -22,6 +22,16 @@ rule plot_metrics:
             caption="../report/summary.rst",
             category="Training",
         ),
+        epochs_page=report(
+            RESULTS / "report" / "epochs.html",
+            caption="../report/epochs.rst",
+            category="Training",
+        ),
+        run_page=report(
+            RESULTS / "report" / "run.html",
+            caption="../report/run.rst",
+            category="Run",
+        ),
     log:
         LOGS / "plot" / "plot.log",
     benchmark:
@@ -36,4 +46,5 @@ rule plot_metrics:
         "Plotting loss and mAP from {output.metrics}"
     shell:
         "python -m scripts.plot --blocks {params.blocks:q} --metrics {output.metrics:q} "
-        "--loss-plot {output.loss:q} --map-plot {output.map:q} --summary {output.summary:q} 2>&1 | tee {log:q}"
+        "--loss-plot {output.loss:q} --map-plot {output.map:q} --summary {output.summary:q} "
+        "--epochs-page {output.epochs_page:q} --run-page {output.run_page:q} 2>&1 | tee {log:q}"

@@ -1,5 +1,6 @@
-"""Join the blocks' metrics into one metrics.csv, plot loss and mAP (rfdetr's own plotting helpers),
-and write a short text summary: best mAP, its epoch, and training images/s."""
+"""Join the blocks' metrics into one metrics.csv, plot loss and mAP (rfdetr's own plotting helpers), write a short
+text summary (best mAP, its epoch, training images/s), and the report's pages: the per-epoch table and the run's GPU
+profile, speedups and software versions. Epochs count from 0 everywhere, as in rfdetr's metrics.csv."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pandas as pd  # noqa: E402
 from matplotlib import pyplot as plt  # noqa: E402
 
 from pipeline.common import log, read_json, run_main  # noqa: E402
+from pipeline.report_pages import key_values, table, write_page  # noqa: E402
 
 MAP_COLUMN = "val/mAP_50_95"  # follows the EMA model when EMA is on (rfdetr's default)
 
@@ -39,7 +41,7 @@ def summarize(metrics: pd.DataFrame, epoch_records: Sequence[dict[str, Any]], ru
     return {
         "epochs_trained": int(metrics["epoch"].max()) + 1,
         "best_map_50_95": float(best[MAP_COLUMN]) if best is not None else None,
-        "best_epoch": int(best["epoch"]) + 1 if best is not None else None,
+        "best_epoch": int(best["epoch"]) if best is not None else None,
         "final_map_50_95": float(val[MAP_COLUMN].iloc[-1]) if not val.empty else None,
         "mean_images_per_second": round(sum(steady) / len(steady), 1) if steady else None,
         "train_hours": round(sum(r["train_seconds"] + r["val_seconds"] for r in epoch_records) / 3600, 3),
@@ -54,11 +56,70 @@ def summary_text(summary: dict[str, Any]) -> str:
     lines = [
         f"Run {summary['recipe_id']} on {summary['device']} (GPU profile {summary['gpu_profile']})",
         f"Epochs trained: {summary['epochs_trained']}",
-        f"Best val mAP@50:95: {best:.4f} at epoch {summary['best_epoch']}" if best is not None else "No mAP yet",
+        f"Best val mAP@50:95: {best:.4f} at epoch {summary['best_epoch']} (epochs count from 0, as in metrics.csv)"
+        if best is not None
+        else "No mAP yet",
         f"Training speed: {summary['mean_images_per_second']} images/s (mean over epochs after the first)",
         f"Training time: {summary['train_hours']:.2f} h (train + validation)",
     ]
     return "\n".join(lines) + "\n"
+
+
+def epoch_table(metrics: pd.DataFrame, epoch_records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per epoch: mean training loss, validation mAP, images/s, train and validation seconds."""
+    by_epoch = metrics.groupby("epoch").last(skipna=True) if not metrics.empty else metrics
+    rows = []
+    for record in epoch_records:
+        epoch = record["epoch"]
+        row = by_epoch.loc[epoch] if epoch in by_epoch.index else {}
+        losses = record.get("loss") or []
+        rows.append(
+            {
+                "epoch": epoch,
+                "train loss": sum(losses) / len(losses) if losses else None,
+                "val mAP@50:95": _number(row, MAP_COLUMN),
+                "val mAP@50": _number(row, "val/mAP_50"),
+                "images/s": float(record["images_per_second"]),
+                "train s": float(record["train_seconds"]),
+                "validation s": float(record["val_seconds"]),
+            }
+        )
+    return rows
+
+
+def _number(row: Any, column: str) -> float | None:
+    value = row.get(column) if hasattr(row, "get") else None
+    return None if value is None or pd.isna(value) else float(value)
+
+
+def write_report_pages(
+    metrics: pd.DataFrame,
+    epoch_records: Sequence[dict[str, Any]],
+    run: dict[str, Any],
+    epochs_page: Path,
+    run_page: Path,
+) -> None:
+    write_page(
+        epochs_page,
+        "Training, epoch by epoch",
+        [("Epochs (from 0, as in metrics.csv)", table(epoch_table(metrics, epoch_records)))],
+    )
+    write_page(
+        run_page,
+        f"Run {run['recipe_id']}",
+        [
+            (
+                "GPU profile",
+                key_values({"device": run["device"], "chosen because": run["profile_reason"], **run["profile"]}),
+            ),
+            ("Software", key_values(run.get("versions", {}))),
+            (
+                "Speedups applied",
+                key_values({name: "applied" for name in run.get("speedups", [])} | run.get("speedups_left_off", {})),
+            ),
+            ("Recipe", key_values(run["recipe"])),
+        ],
+    )
 
 
 def main() -> None:
@@ -68,6 +129,8 @@ def main() -> None:
     parser.add_argument("--loss-plot", required=True, type=Path)
     parser.add_argument("--map-plot", required=True, type=Path)
     parser.add_argument("--summary", required=True, type=Path)
+    parser.add_argument("--epochs-page", required=True, type=Path, help="HTML: the per-epoch table, for the report")
+    parser.add_argument("--run-page", required=True, type=Path, help="HTML: GPU profile, versions, for the report")
     args = parser.parse_args()
     metrics = join_metrics([b / "metrics.csv" for b in args.blocks])
     args.metrics.parent.mkdir(parents=True, exist_ok=True)
@@ -77,8 +140,10 @@ def main() -> None:
     for plot, output in ((plot_loss_metrics, args.loss_plot), (plot_map_metrics, args.map_plot)):
         plt.close(plot(str(args.metrics), output_path=str(output)))
     records = [r for b in args.blocks for r in read_json(b / "epochs.json")]
-    summary = summarize(metrics, records, read_json(args.blocks[-1] / "run.json"))
+    run = read_json(args.blocks[-1] / "run.json")
+    summary = summarize(metrics, records, run)
     args.summary.write_text(summary_text(summary) + json.dumps(summary, indent=2) + "\n")
+    write_report_pages(metrics, records, run, args.epochs_page, args.run_page)
     log.info("\n%s", summary_text(summary))
 
 

@@ -28,7 +28,14 @@ from pipeline.resume import (
     plan_resume,
     prepare_state,
 )
-from pipeline.rfdetr_call import configure_compile_cache, set_host_threads, single_node_ddp_plugins, train_kwargs
+from pipeline.rfdetr_call import (
+    check_loggers,
+    configure_compile_cache,
+    set_host_threads,
+    single_node_ddp_plugins,
+    train_kwargs,
+)
+from pipeline.versions import software_versions
 from rfdetr_extensions import Selection, SpeedupOptions, applied, select_speedups
 from rfdetr_extensions.patching import installed_rfdetr
 
@@ -79,6 +86,7 @@ def train_block(args: argparse.Namespace, settings: Mapping[str, Any], rfdetr_ve
     configure_compile_cache(args.state_root / "compile_cache")
 
     speedups = select_speedups(train["speedups"], rfdetr_version)
+    check_loggers(train["loggers"])
     device = detect_device(train["device"])
     profile, reason = resolve_profile(settings["gpu_profiles"], device, train["profile"])
     static_graphs = "static_cuda_graphs" in speedups.names()
@@ -108,7 +116,8 @@ def train_block(args: argparse.Namespace, settings: Mapping[str, Any], rfdetr_ve
     if main_rank:
         prepare_state(state_dir, plan)
     if plan.next_epoch < end:
-        kwargs = train_kwargs(recipe, stage["path"], state_dir, min(args.threads, train["max_workers"]), device)
+        workers = min(args.threads, train["max_workers"])
+        kwargs = train_kwargs(recipe, stage["path"], state_dir, workers, device, train["loggers"])
         if plan.checkpoint is not None:
             kwargs["resume"] = str(plan.checkpoint)
         set_host_threads(train["host_threads"], device)
@@ -126,6 +135,7 @@ def train_block(args: argparse.Namespace, settings: Mapping[str, Any], rfdetr_ve
         "speedups": speedups.names(),
         "speedups_left_off": {speedup.name: why for speedup, why in speedups.left_off},
         "device": device.describe(),
+        "versions": software_versions(),
         **where_this_runs(),
         "epochs": [start, end],
         "resumed_from": str(plan.checkpoint) if plan.checkpoint else None,

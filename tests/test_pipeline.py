@@ -8,6 +8,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -75,7 +76,7 @@ def test_every_stage_leaves_its_outputs(two_block_run, tiny_dataset):
     # logs and benchmarks per rule
     for rule_log in ("download/train2017.log", "extract/val2017.log", "verify/dataset.log", "train/block_02.log"):
         assert (workdir / "results" / "logs" / rule_log).stat().st_size > 0
-    assert len(list((workdir / "results" / "benchmarks").rglob("*.tsv"))) == 10
+    assert len(list((workdir / "results" / "benchmarks").rglob("*.tsv"))) == 12  # 10 + evaluate + export
     train_log = (workdir / "results" / "logs" / "train" / "block_01.log").read_text()
     assert "loads NO DINOv2 backbone weights" in train_log
     # train.host_threads applies to GPU runs; this CPU run computes the model on the host with torch's default
@@ -192,12 +193,139 @@ def test_a_corrupt_archive_is_fetched_again_and_nothing_else_is(workdir, server,
     assert len(server.gets("annotations_trainval2017.zip")) == 1
 
 
-def test_the_plots_are_registered_for_the_snakemake_report(two_block_run):
+def test_the_evaluation_is_rfdetrs_coco_summary_and_per_class_ap_of_the_best_weights(two_block_run, tiny_dataset):
     workdir, _, _ = two_block_run
-    result = run_snakemake(workdir, "--report", "report.html")
+    metrics = json.loads((workdir / "results" / "eval" / "metrics.json").read_text())
+    summary = ["AP", "AP50", "AP75", "AP_small", "AP_medium", "AP_large", "AR1", "AR10", "AR100"]
+    assert all(-1 <= metrics[key] <= 1 for key in summary)  # COCO's -1: no ground truth of that size
+    assert metrics["AP"] == metrics["rfdetr_returned"]["val/mAP_50_95"]  # the number rfdetr's evaluate() returned
+    assert metrics["weights"] == "results/train/block_02/best.pth" and metrics["best_source"] in ("ema", "regular")
+    assert metrics["images"] == 4 and metrics["max_detections"] == 100
+    per_class = pd.read_csv(workdir / "results" / "eval" / "per_class.csv")
+    annotations = json.loads((tiny_dataset / "annotations" / "instances_val2017.json").read_text())
+    present = {a["category_id"] for a in annotations["annotations"]}
+    assert set(per_class["category_id"]) == present and per_class["AP"].between(0, 1).all()
+    names = {c["id"]: c["name"] for c in annotations["categories"]}
+    assert all(names[cid] == name for cid, name in zip(per_class["category_id"], per_class["name"], strict=True))
+    with Image.open(workdir / "results" / "eval" / "per_class.png") as image:
+        assert image.format == "PNG" and image.height > 200
+
+
+def test_the_exported_onnx_model_gives_the_pytorch_models_boxes_and_scores(two_block_run, tiny_dataset):
+    """onnxruntime on a validation image against the PyTorch model rfdetr loads from the same best.pth: boxes and
+    class scores agree to within 1e-4 (absolute; boxes are relative coordinates, scores probabilities)."""
+    import numpy as np
+    import onnxruntime
+    from rfdetr.detr import RFDETR
+
+    workdir, _, _ = two_block_run
+    session = onnxruntime.InferenceSession(str(workdir / "results" / "export" / "model.onnx"))
+    model = RFDETR.from_checkpoint(str(workdir / "results" / "train" / "block_02" / "best.pth"))
+    size = model.model_config.resolution
+    image = sorted((tiny_dataset / "val2017").glob("*.jpg"))[0]
+    with Image.open(image) as picture:
+        pixels = torch.from_numpy(np.asarray(picture.convert("RGB").resize((size, size)), dtype=np.float32) / 255)
+    mean, std = torch.tensor([0.485, 0.456, 0.406]), torch.tensor([0.229, 0.224, 0.225])
+    batch = ((pixels - mean) / std).permute(2, 0, 1).unsqueeze(0)
+    boxes, logits = session.run(["dets", "labels"], {session.get_inputs()[0].name: batch.numpy()})
+    with torch.no_grad():
+        expected = model.model.model.eval()(batch)
+    assert boxes.shape == tuple(expected["pred_boxes"].shape) == (1, 300, 4)
+    assert np.abs(boxes - expected["pred_boxes"].numpy()).max() < 1e-4
+    scores = torch.sigmoid(torch.from_numpy(logits))
+    assert (scores - expected["pred_logits"].sigmoid()).abs().max().item() < 1e-4
+
+
+def test_without_the_onnx_extra_the_export_stops_naming_it(two_block_run, tmp_path):
+    workdir, _, _ = two_block_run
+    weights = workdir / "results" / "train" / "block_02" / "best.pth"
+    code = (
+        "import sys; sys.modules['onnx'] = None  # as in an environment without the onnx extra\n"
+        "from scripts.export import main; from pipeline.common import run_main; run_main(main)"
+    )
+    command = [sys.executable, "-c", code, "--weights", str(weights), "--format", "onnx"]
+    result = subprocess.run(
+        [*command, "--output", str(tmp_path / "model.onnx")], cwd=REPO, capture_output=True, text=True
+    )
+    assert result.returncode == 1 and "pip install -e '.[onnx]'" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "model.onnx").exists()
+
+
+def test_tensorboard_shows_the_epochs_of_all_blocks_as_one_run(two_block_run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    workdir, _, _ = two_block_run
+    run = json.loads((workdir / "results" / "train" / "block_02" / "run.json").read_text())
+    state_dir = workdir / run["state_dir"]
+    events = EventAccumulator(str(state_dir))  # one folder, one event file per block
+    events.Reload()
+    assert len(list(state_dir.glob("events.out.tfevents.*"))) == 2
+    assert [e.value for e in events.Scalars("epoch")][::2] == [0, 1]
+    assert len(events.Scalars("val/mAP_50_95")) == 2 and len(events.Scalars("train/loss")) == 2
+
+
+def test_the_report_shows_the_epochs_the_evaluation_the_run_and_the_figures_in_a_browser(two_block_run, tmp_path):
+    """`snakemake --report`, opened in a real headless Chromium: each page and figure shown as a person clicks it."""
+    from selenium.webdriver.common.by import By
+
+    from tests.helpers.browser import headless_chromium, install_chromium, wait_for
+
+    workdir, _, _ = two_block_run
+    result = run_snakemake(workdir, "--report", str(tmp_path / "report.html"))
     assert result.returncode == 0, result.stdout[-3000:]
-    html = (workdir / "report.html").read_text()
-    assert "loss.png" in html and "map.png" in html and "summary.txt" in html
+    if reason := install_chromium():
+        pytest.skip(reason)
+    browser = headless_chromium()
+
+    def show(category: str, name: str) -> None:
+        browser.get((tmp_path / "report.html").as_uri())
+        wait_for(lambda: [a for a in browser.find_elements(By.TAG_NAME, "a") if a.text.strip() == category])[0].click()
+        row = wait_for(lambda: [r for r in browser.find_elements(By.TAG_NAME, "tr") if r.text.strip() == name])[0]
+        row.find_element(By.CSS_SELECTOR, 'a[iconname="eye"]').click()
+        browser.save_screenshot(str(tmp_path / f"{Path(name).name}.png"))  # kept when the test fails
+
+    def figure_width() -> int:
+        images = [i for i in browser.find_elements(By.TAG_NAME, "img") if "image/png" in (i.get_attribute("src") or "")]
+        return int(images[0].get_attribute("naturalWidth") or 0) if images else 0
+
+    def page_text() -> str:
+        frame = wait_for(lambda: browser.find_elements(By.TAG_NAME, "iframe"))[0]
+        browser.switch_to.frame(frame)
+        text = wait_for(lambda: browser.find_element(By.TAG_NAME, "body").text)
+        rows = len(browser.find_elements(By.CSS_SELECTOR, "tbody tr"))
+        browser.switch_to.default_content()
+        return f"{rows} rows\n{text}"
+
+    try:
+        widths = {}
+        for category, name in [
+            ("Training", "results/plots/loss.png"),
+            ("Training", "results/plots/map.png"),
+            ("Evaluation", "results/eval/per_class.png"),
+        ]:
+            show(category, name)
+            widths[name] = wait_for(figure_width)
+        show("Training", "results/report/epochs.html")
+        epochs = page_text()
+        show("Evaluation", "results/eval/metrics.html")
+        evaluation = page_text()
+        show("Run", "results/report/run.html")
+        run = page_text()
+    finally:
+        browser.quit()
+    assert all(width > 200 for width in widths.values()), widths
+    assert epochs.startswith("2 rows") and "val mAP@50:95" in epochs and "images/s" in epochs
+    assert "AP50" in evaluation and "AR100" in evaluation and "AP@50:95 per category" in evaluation
+    versions = json.loads((workdir / "results" / "train" / "block_02" / "run.json").read_text())["versions"]
+    assert versions["torch"] in run and "rfdetr" in run and versions["rfdetr"] in run and "cpu" in run
+
+
+def test_a_report_before_the_run_has_finished_says_what_is_missing(workdir):
+    result = run_snakemake(workdir, "--report", "report.html")
+    assert result.returncode != 0 and not (workdir / "report.html").exists()
+    assert "of its files are missing" in result.stdout and "results/eval/metrics.json" in result.stdout
+    assert "Run `snakemake --cores all` to the end first" in result.stdout
+    assert "Missing metadata" not in result.stdout and "Traceback" not in result.stdout
 
 
 def test_a_block_never_resumes_a_checkpoint_made_under_another_recipe(two_block_run, tmp_path, module_server, archives):

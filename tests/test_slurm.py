@@ -38,6 +38,7 @@ def slurm_test_profile(tmp_path: Path) -> Path:
     profile = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
     profile["default-resources"]["slurm_partition"] = PARTITION
     profile["set-resources"]["train_block"]["slurm_partition"] = PARTITION
+    profile["set-resources"]["evaluate"]["slurm_partition"] = PARTITION
     profile["set-threads"] = {rule: min(2, threads) for rule, threads in profile["set-threads"].items()}
     profile["latency-wait"] = 10
     profile.update(
@@ -88,6 +89,9 @@ def test_the_workflow_runs_through_sbatch_with_the_requests_of_the_profile(slurm
     result = run_with_profile(workdir, slurm_test_profile(tmp_path))
     assert result.returncode == 0, result.stdout[-5000:]
     assert (workdir / "results" / "plots" / "summary.txt").is_file()
+    assert (workdir / "results" / "eval" / "metrics.json").is_file() and (
+        workdir / "results" / "export" / "model.onnx"
+    ).is_file()
 
     jobs = {i: j for i, j in slurm_jobs().items() if i not in before}
     by_rule = {}
@@ -96,6 +100,8 @@ def test_the_workflow_runs_through_sbatch_with_the_requests_of_the_profile(slurm
         by_rule.setdefault(rule, []).append((job_id, job))
     assert sorted((r, len(j)) for r, j in by_rule.items()) == [
         ("download_archive", 1),
+        ("evaluate", 1),
+        ("export_model", 1),
         ("extract_archive", 1),
         ("plot_metrics", 1),
         ("train_block", 1),
@@ -114,6 +120,8 @@ def test_the_workflow_runs_through_sbatch_with_the_requests_of_the_profile(slurm
         ("extract_archive", "2", "02:00:00", "4000M"),
         ("verify_counts", "2", "02:00:00", "8000M"),
         ("plot_metrics", "1", "02:00:00", "4000M"),
+        ("evaluate", "2", "00:10:00", "2000M"),  # resources.evaluate_minutes and _mem_mb (tiny_config's)
+        ("export_model", "1", "02:00:00", "2000M"),
     ]:
         ((_, job),) = by_rule[rule]
         requested = (job["JobState"], job["Partition"], job["NumCPUs"], job["TimeLimit"], job["MinMemoryNode"])

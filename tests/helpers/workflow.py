@@ -45,7 +45,7 @@ def tiny_config(workdir: Path, server_url: str, archives: dict[str, dict], **tra
     (workdir / "shm").mkdir(parents=True, exist_ok=True)
     config["train"].update(epochs=2, epochs_per_block=1, resolution=64, device="cpu", max_workers=0)
     config["train"].update(train)
-    config["resources"].update(train_mem_mb=2000)
+    config["resources"].update(train_mem_mb=2000, evaluate_mem_mb=2000, evaluate_minutes=10, export_mem_mb=2000)
     return config
 
 
