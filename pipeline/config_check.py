@@ -1,8 +1,15 @@
-"""Validate the workflow configuration against its JSON schema, with errors that name the key."""
+"""Check the workflow's configuration against its JSON schema, with errors that name the key and where its value came
+from (config.yaml, a `--configfile`, or `--config`).
+
+`snakemake --config 'train={"epochs": 20}'` hands nested values over as strings ('20'); `coerce_to_schema` turns such
+a string into the number, boolean or list the schema asks for there, so every documented override works for every
+typed key. Shown by `tests/test_config.py`.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import json
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,39 +18,40 @@ import yaml
 
 from rfdetr_extensions import NAMES as SPEEDUP_NAMES
 
+Path_ = tuple[str | int, ...]  # a key's path in the config: ("train", "epochs"), ("gpu_profiles", 0, "name")
 
-def _key(path: Any) -> str:
+
+def key_name(path: Sequence[str | int]) -> str:
     parts = [f"[{p}]" if isinstance(p, int) else str(p) for p in path]
     return ".".join(parts).replace(".[", "[") or "(top level)"
 
 
-def _schema_errors(config: Mapping[str, Any], schema: Mapping[str, Any]) -> Iterator[str]:
+def _schema_errors(config: Mapping[str, Any], schema: Mapping[str, Any]) -> Iterator[tuple[Path_, str]]:
     validator = jsonschema.Draft202012Validator(schema)
     for error in sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path))):
-        where = _key(error.absolute_path)
+        path = tuple(error.absolute_path)
         if error.validator == "additionalProperties":
             allowed = sorted(error.schema.get("properties", {}))
-            unknown = sorted(set(error.instance) - set(allowed))
-            for key in unknown:
-                name = f"{where}.{key}" if error.absolute_path else key
-                yield f"{name}: unknown key (allowed here: {', '.join(allowed)})"
-        elif error.validator == "required":
-            yield f"{where}: {error.message}"
+            for key in sorted(set(error.instance) - set(allowed)):
+                yield (*path, key), f"{key_name((*path, key))}: unknown key (allowed here: {', '.join(allowed)})"
         else:
-            yield f"{where}: {error.message}"
+            yield path, f"{key_name(path)}: {error.message}"
 
 
-def _profile_errors(config: Mapping[str, Any]) -> Iterator[str]:
+def _profile_errors(config: Mapping[str, Any]) -> Iterator[tuple[Path_, str]]:
     profiles = config.get("gpu_profiles") or []
     names = [p.get("name") for p in profiles if isinstance(p, Mapping)]
     for name in {n for n in names if names.count(n) > 1}:
-        yield f"gpu_profiles: the name {name!r} is used more than once"
+        yield ("gpu_profiles",), f"gpu_profiles: the name {name!r} is used more than once"
     for index, profile in enumerate(profiles):
         if not isinstance(profile, Mapping):
             continue
-        key = f"gpu_profiles[{index}] ({profile.get('name')})"
         if profile.get("precision") == "fp8" and (profile.get("compile") or not profile.get("cuda_graphs")):
-            yield f"{key}: precision fp8 is the Transformer Engine graph route; set compile: false, cuda_graphs: true"
+            yield (
+                ("gpu_profiles", index),
+                f"gpu_profiles[{index}] ({profile.get('name')}): precision fp8 is the Transformer Engine graph route; "
+                "set compile: false, cuda_graphs: true",
+            )
     train = config.get("train")
     if not isinstance(train, Mapping):
         return
@@ -51,20 +59,31 @@ def _profile_errors(config: Mapping[str, Any]) -> Iterator[str]:
     if isinstance(speedups, list):
         unknown = [name for name in speedups if name not in SPEEDUP_NAMES]
         if unknown:
-            yield f"train.speedups: unknown speedup(s) {', '.join(unknown)} (known: {', '.join(SPEEDUP_NAMES)})"
+            yield (
+                ("train", "speedups"),
+                f"train.speedups: unknown speedup(s) {', '.join(unknown)} (known: {', '.join(SPEEDUP_NAMES)})",
+            )
     pinned = train.get("profile")
     if pinned not in (None, "auto") and pinned not in names:
-        yield f"train.profile: unknown GPU profile {pinned!r} (known: auto, {', '.join(map(str, names))})"
+        yield (
+            ("train", "profile"),
+            f"train.profile: unknown GPU profile {pinned!r} (known: auto, {', '.join(map(str, names))})",
+        )
     if train.get("device") == "cpu" and pinned == "auto" and "cpu" not in names:
-        yield "train.profile: device cpu with profile auto needs a gpu_profiles row named 'cpu'"
+        yield ("train", "profile"), "train.profile: device cpu with profile auto needs a gpu_profiles row named 'cpu'"
 
 
-def config_errors(config: Mapping[str, Any], schema: Mapping[str, Any]) -> list[str]:
-    """Every problem in `config`, one line each, naming the key ('train.epochs: ...')."""
+def located_errors(config: Mapping[str, Any], schema: Mapping[str, Any]) -> list[tuple[Path_, str]]:
+    """Every problem in `config` with the path of its key; the checks beyond the schema run once it holds."""
     errors = list(_schema_errors(config, schema))
     if not errors:
         errors.extend(_profile_errors(config))
     return errors
+
+
+def config_errors(config: Mapping[str, Any], schema: Mapping[str, Any]) -> list[str]:
+    """Every problem in `config`, one line each, naming the key ('train.epochs: ...')."""
+    return [text for _, text in located_errors(config, schema)]
 
 
 def load_schema(path: str | Path) -> dict[str, Any]:
@@ -72,13 +91,98 @@ def load_schema(path: str | Path) -> dict[str, Any]:
         return yaml.safe_load(handle)
 
 
+# ------------------------------------------------------------- --config strings ----
+
+
+def _subschema_validator(schema: Mapping[str, Any], root: Mapping[str, Any]) -> jsonschema.Validator:
+    return jsonschema.Draft202012Validator({"$defs": root.get("$defs", {}), **schema})
+
+
+def _parsed(text: str) -> Iterator[Any]:
+    """What a string from the command line may stand for, as snakemake parses top-level --config values."""
+    for parse in (json.loads, yaml.safe_load):
+        try:
+            yield parse(text)
+        except (ValueError, yaml.YAMLError):
+            continue
+    try:
+        yield float(text)  # YAML 1.1 reads 2e-4 as text; it is a number
+    except ValueError:
+        pass
+
+
+def _resolve(schema: Mapping[str, Any], root: Mapping[str, Any]) -> Mapping[str, Any]:
+    while "$ref" in schema:
+        schema = root["$defs"][schema["$ref"].rsplit("/", 1)[-1]]
+    return schema
+
+
+def coerce_to_schema(value: Any, schema: Mapping[str, Any], root: Mapping[str, Any] | None = None) -> Any:
+    """`value` with every string the schema does not accept at its place replaced by the first parse of it (JSON,
+    YAML, a float) that the schema accepts there; everything else unchanged. Returns the new value."""
+    root = root if root is not None else schema
+    schema = _resolve(schema, root)
+    if isinstance(value, str) and not _subschema_validator(schema, root).is_valid(value):
+        for candidate in _parsed(value):
+            if not isinstance(candidate, str) and _subschema_validator(schema, root).is_valid(
+                coerce_to_schema(candidate, schema, root)
+            ):
+                return coerce_to_schema(candidate, schema, root)
+        return value
+    if isinstance(value, Mapping):
+        properties = schema.get("properties", {})
+        extra = schema.get("additionalProperties")
+        return {
+            key: coerce_to_schema(item, properties[key] if key in properties else extra, root)
+            if key in properties or isinstance(extra, Mapping)
+            else item
+            for key, item in value.items()
+        }
+    if isinstance(value, list) and isinstance(schema.get("items"), Mapping):
+        return [coerce_to_schema(item, schema["items"], root) for item in value]
+    return value
+
+
+# ------------------------------------------------------------- where a value came from ----
+
+
+def _has_path(mapping: Any, path: Path_) -> bool:
+    node = mapping
+    for part in path:
+        if isinstance(node, Mapping) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+            node = node[part]
+        else:
+            return False
+    return True
+
+
+def source_of(path: Path_, sources: Sequence[tuple[str, Mapping[str, Any]]]) -> str | None:
+    """The name of the last source (in snakemake's order of precedence) that sets the key at `path`, or its
+    nearest parent."""
+    for length in range(len(path), 0, -1):
+        for name, values in reversed(sources):
+            if _has_path(values, path[:length]):
+                return name
+    return None
+
+
 class ConfigError(ValueError):
     pass
 
 
-def validate_config(config: Mapping[str, Any], schema_path: str | Path) -> None:
-    """Raise ConfigError listing every invalid key; called by the Snakefile before any job is planned."""
-    errors = config_errors(config, load_schema(schema_path))
+def validate_config(
+    config: Mapping[str, Any], schema_path: str | Path, sources: Sequence[tuple[str, Mapping[str, Any]]] = ()
+) -> None:
+    """Raise ConfigError listing every invalid key and where its value came from; the Snakefile calls it before any
+    job is planned. `sources`: (name, values) of config.yaml, each --configfile and --config, in that order."""
+    errors = located_errors(config, load_schema(schema_path))
     if errors:
-        lines = "\n".join(f"  - {e}" for e in errors)
-        raise ConfigError(f"Invalid configuration ({len(errors)} problem(s)); fix config.yaml:\n{lines}")
+        lines = []
+        for path, text in errors:
+            origin = source_of(path, sources)
+            lines.append(f"  - {text}" + (f" (set in {origin})" if origin else ""))
+        raise ConfigError(
+            f"Invalid configuration ({len(errors)} problem(s)); fix each where it was set:\n" + "\n".join(lines)
+        )

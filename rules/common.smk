@@ -3,18 +3,35 @@ import os
 import sys
 from pathlib import Path
 
+from snakemake.common.configfile import load_configfile
 from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 
 sys.path.insert(0, workflow.basedir)
 from pipeline.blocks import block_name, block_ranges
 from pipeline.common import CONFIG_ENV
-from pipeline.config_check import ConfigError, validate_config
+from pipeline.config_check import (
+    ConfigError,
+    coerce_to_schema,
+    load_schema,
+    validate_config,
+)
 from pipeline.export_formats import missing_message, missing_modules
 from pipeline.recipe import RECIPE_KEYS
 
+SCHEMA = Path(workflow.basedir) / "schemas" / "config.schema.yaml"
+# `--config 'train={"epochs": 20}'` arrives as {"epochs": "20"}: the schema says what each string stands for.
+config.update(coerce_to_schema(dict(config), load_schema(SCHEMA)))
+CONFIG_SOURCES = [
+    *((str(path), load_configfile(path)) for path in workflow.configfiles),
+    *(
+        (f"--configfile {path}", load_configfile(path))
+        for path in workflow.config_settings.configfiles
+    ),
+    ("--config", dict(workflow.config_settings.config)),
+]
 try:
-    validate_config(config, Path(workflow.basedir) / "schemas" / "config.schema.yaml")
+    validate_config(config, SCHEMA, CONFIG_SOURCES)
 except ConfigError as error:
     raise WorkflowError(str(error)) from None
 # Said now, not after hours of training: the export stage would stop on it.

@@ -10,6 +10,8 @@ import argparse
 import hashlib
 import os
 import shutil
+import socket
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,6 +70,28 @@ def md5_of_file(path: Path) -> hashlib._Hash:
     return digest
 
 
+def connection_problem(url: str, error: requests.RequestException) -> str:
+    """What went wrong with a request, as a person says it: no connection to the host (and why), or the error."""
+    if not isinstance(error, requests.ConnectionError) or isinstance(error, requests.exceptions.ReadTimeout):
+        return f"{url}: {error}"
+    host = urllib.parse.urlsplit(url).hostname or url
+    chain: list[BaseException] = []
+    cause: BaseException | None = error
+    while cause is not None and cause not in chain:
+        chain.append(cause)
+        cause = cause.__cause__ or cause.__context__
+        cause = cause.reason if isinstance(cause, urllib3.exceptions.MaxRetryError) else cause
+    if any(isinstance(c, (urllib3.exceptions.NameResolutionError, socket.gaierror)) for c in chain):
+        why = "its name does not resolve"
+    elif any(isinstance(c, ConnectionRefusedError) for c in chain):
+        why = "the connection was refused"
+    elif any(isinstance(c, (requests.exceptions.ConnectTimeout, TimeoutError)) for c in chain):
+        why = "the connection timed out"
+    else:
+        why = str(error)
+    return f"no connection to {host} ({why})"
+
+
 @dataclass
 class Transfer:
     url: str
@@ -79,7 +103,7 @@ class Transfer:
         try:
             response = requests.head(self.url, timeout=self.timeout, allow_redirects=True)
         except requests.RequestException as error:
-            raise TransientError(f"{self.url}: {error}") from error
+            raise TransientError(connection_problem(self.url, error)) from error
         raise_for_status(self.url, response)
         length = response.headers.get("Content-Length")
         return int(length) if length is not None else None
@@ -91,7 +115,7 @@ class Transfer:
         try:
             response = requests.get(self.url, headers=headers, stream=True, timeout=self.timeout)
         except requests.RequestException as error:
-            raise TransientError(f"{self.url}: {error}") from error
+            raise TransientError(connection_problem(self.url, error)) from error
         with response:
             if response.status_code == 416 and have:
                 # Nothing left to send: the part file already holds the whole archive.
@@ -159,6 +183,7 @@ def download(
     extracted_bytes: int = 0,
     later_bytes: int = 0,
     headroom_bytes: int = 0,
+    archive: str = "<name>",
 ) -> None:
     """Fetch `url` to `output`, resuming `<output>.part`; raise StageError on a final failure."""
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -190,10 +215,17 @@ def download(
         )
         retrying(transfer.fetch, digest_box)
     except TransientError as error:
-        raise StageError(
-            f"Download failed after {attempts} tries: {error}. The partial file {transfer.part} is kept; "
-            "run snakemake again to resume it."
-        ) from error
+        kept = transfer.part.stat().st_size if transfer.part.exists() else 0
+        if kept:
+            what_is_left = f"The partial file {transfer.part} ({size(kept)}) is kept; run snakemake again to resume it."
+        else:
+            what_is_left = "Nothing was downloaded; run snakemake again when the cause is fixed."
+        advice = (
+            f"Check the network, or archives.{archive}.url in config.yaml. "
+            if str(error).startswith("no connection to")
+            else ""
+        )
+        raise StageError(f"Download failed after {attempts} tries: {error}. {advice}{what_is_left}") from error
     got = digest_box[0].hexdigest()
     if got != md5:
         transfer.part.unlink()
@@ -226,6 +258,7 @@ def main() -> None:
         extracted_bytes=archives[args.archive]["extracted_bytes"],
         later_bytes=later_needs(archives, args.archive, config["extract"]["keep_archives"]),
         headroom_bytes=int(settings["disk_headroom_gb"] * 2**30),
+        archive=args.archive,
     )
 
 

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import copy
+import json
+import re
 
 import pytest
+import yaml
+from snakemake.utils import update_config
 
-from pipeline.config_check import config_errors, load_schema
+from pipeline.config_check import coerce_to_schema, config_errors, load_schema
 from tests.helpers.workflow import REPO, base_config, jobs_run, run_snakemake, write_config
 
 SCHEMA = load_schema(REPO / "schemas" / "config.schema.yaml")
@@ -69,3 +73,75 @@ def test_snakemake_refuses_an_invalid_config_before_any_job(tmp_path):
         "Invalid configuration" in result.stdout and "train.epochs: -1 is less than the minimum of 1" in result.stdout
     )
     assert jobs_run(result.stdout) == [] and not (tmp_path / "data").exists() and not (tmp_path / "results").exists()
+
+
+def typed_leaves(value, schema, path=()):
+    """(path, value) of every setting of the shipped config whose schema type is not a string."""
+    schema = resolve(schema)
+    if isinstance(value, dict):
+        for key, item in value.items():
+            sub = schema.get("properties", {}).get(key) or schema.get("additionalProperties")
+            if isinstance(sub, dict):
+                yield from typed_leaves(item, sub, (*path, key))
+    elif not isinstance(value, str) and not (isinstance(value, list) and value and isinstance(value[0], dict)):
+        yield path, value
+
+
+def resolve(schema):
+    while "$ref" in schema:
+        schema = SCHEMA["$defs"][schema["$ref"].rsplit("/", 1)[-1]]
+    return schema
+
+
+LEAVES = [(path, value) for path, value in typed_leaves(base_config(), SCHEMA) if len(path) >= 2]
+
+
+def flow(value) -> str:
+    """`value` as a person types it in YAML's flow style: [a, b], true, 20, 0.0001."""
+    if isinstance(value, list):
+        return "[" + ", ".join(flow(item) for item in value) + "]"
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+@pytest.mark.parametrize("form", ["json", "yaml"])
+def test_both_documented_override_forms_work_for_every_typed_key(form):
+    """Each typed setting (numbers, booleans, lists) given back as `--config 'section={"key": value}'` or
+    `section={key: value}`, parsed by snakemake's own --config parser, is the setting the shipped config has."""
+    from snakemake.cli import parse_config
+
+    assert len(LEAVES) > 40  # every integer, number, boolean and list in config.yaml
+    for path, value in LEAVES:
+        *parents, key = path
+        text = json.dumps(value) if form == "json" else flow(value)
+        inner = f'"{key}": {text}' if form == "json" else f"{key}: {text}"
+        for parent in reversed(parents[1:]):
+            inner = f'"{parent}": {{{inner}}}' if form == "json" else f"{parent}: {{{inner}}}"
+        given = parse_config([f"{parents[0]}={{{inner}}}"])
+        config = copy.deepcopy(base_config())
+        update_config(config, given)
+        coerced = coerce_to_schema(config, SCHEMA)
+        assert coerced == base_config() and config_errors(coerced, SCHEMA) == [], (path, given)
+
+
+@pytest.mark.parametrize("override", ['train={"epochs": 30}', "train={epochs: 30, multi_scale: false, lr: 2e-4}"])
+def test_snakemake_takes_the_documented_config_overrides(tmp_path, override):
+    write_config(tmp_path, base_config())
+    result = run_snakemake(tmp_path, "-n", "--config", override, timeout=120)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert re.search(r"train_block\s+3\b", result.stdout)  # 30 epochs in blocks of 10: 3 training jobs
+
+
+def test_an_invalid_value_is_named_with_the_file_or_option_that_set_it(tmp_path):
+    write_config(tmp_path, edited("download.attempts", 0))
+    (tmp_path / "mine.yaml").write_text(yaml.safe_dump({"stage": {"headroom_gb": -1}}))
+    command = ["--configfile", str(tmp_path / "config.yaml"), str(tmp_path / "mine.yaml")]
+    result = run_snakemake(tmp_path, "-n", *command, "--config", 'train={"epochs": "forty"}', timeout=120)
+    assert result.returncode != 0
+    assert f"download.attempts: 0 is less than the minimum of 1 (set in --configfile {tmp_path / 'config.yaml'})" in (
+        result.stdout
+    )
+    assert f"stage.headroom_gb: -1 is less than the minimum of 0 (set in --configfile {tmp_path / 'mine.yaml'})" in (
+        result.stdout
+    )
+    assert "train.epochs: 'forty' is not of type 'integer' (set in --config)" in result.stdout
+    assert "fix config.yaml" not in result.stdout

@@ -110,3 +110,38 @@ def test_later_needs_counts_the_largest_later_archive_unless_archives_are_kept()
     assert later_needs(archives, "a", keep_archives=False) == 1000 + 500 + 100
     assert later_needs(archives, "a", keep_archives=True) == 1000 + 500 + 100 + 50
     assert later_needs(archives, "c", keep_archives=False) == 0
+
+
+def test_a_host_whose_name_does_not_resolve_is_named_as_such():
+    """The exception chain requests raises when a host name does not resolve (built as urllib3 builds it, so the
+    test sends no DNS query): the message names the host and why."""
+    import requests
+    import urllib3
+
+    from scripts.download import connection_problem
+
+    url = "http://images.cocodataset.example/zips/val2017.zip"
+    unresolved = urllib3.exceptions.NameResolutionError("images.cocodataset.example", None, socket.gaierror(-2, "x"))
+    error = requests.ConnectionError(urllib3.exceptions.MaxRetryError(None, url, reason=unresolved))
+    error.__cause__ = error.args[0]
+    assert connection_problem(url, error) == "no connection to images.cocodataset.example (its name does not resolve)"
+
+
+def test_a_failed_download_says_whether_anything_was_kept(server, archives, tmp_path):
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens there
+    with pytest.raises(StageError) as refused:
+        download(f"http://127.0.0.1:{port}/val2017.zip", tmp_path / "val2017.zip", "0" * 32, **FAST, archive="val2017")
+    message = str(refused.value)
+    assert "no connection to 127.0.0.1 (the connection was refused)" in message
+    assert "Check the network, or archives.val2017.url in config.yaml" in message
+    assert "Nothing was downloaded" in message and "partial file" not in message
+    assert not list(tmp_path.iterdir())  # as it says
+
+    server.faults.once["train2017.zip"] = ["drop"] * 3  # every try is cut after some bytes
+    with pytest.raises(StageError) as cut:
+        fetch(server, archives, "train2017", tmp_path)
+    kept = part_path(tmp_path / "train2017.zip")
+    assert f"The partial file {kept} (" in str(cut.value) and kept.stat().st_size > 0

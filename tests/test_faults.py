@@ -52,7 +52,9 @@ def test_an_unreachable_server_stops_the_download_then_a_rerun_completes(workdir
     config["archives"]["val2017"]["url"] = f"http://127.0.0.1:{closed_port()}/val2017.zip"
     write_config(workdir, config)
     failed = run_snakemake(workdir, VERIFIED)
-    assert failed.returncode != 0 and "Download failed after 3 tries" in failed.stdout
+    assert failed.returncode != 0 and "Download failed after 3 tries: no connection to 127.0.0.1" in failed.stdout
+    assert "Nothing was downloaded" in failed.stdout and "partial file" not in failed.stdout
+    assert failed.stdout.count("Try 1 of 3 failed") == 1  # each line once: not again in a dump of the job's log
     assert (workdir / "data" / "coco2017" / "annotations").is_dir()
     config["archives"]["val2017"]["url"] = good_url  # the network is back
     write_config(workdir, config)
