@@ -1,5 +1,6 @@
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from pipeline.config_check import (
     validate_config,
 )
 from pipeline.export_formats import missing_message, missing_modules
+from pipeline.needs import gpu_preflight, needs_summary
 from pipeline.recipe import RECIPE_KEYS
 
 SCHEMA = Path(workflow.basedir) / "schemas" / "config.schema.yaml"
@@ -166,3 +168,24 @@ if report_requested():
             + "\nRun `snakemake --cores all` to the end first (it resumes where it stopped), then ask for the "
             "report again. While training runs, watch it with TensorBoard instead (README, 'Watching a run')."
         )
+
+
+def dry_run_requested():
+    """Whether this snakemake was asked for a dry run (-n, also among other short flags such as -np)."""
+    return any(
+        arg in ("--dry-run", "--dryrun") or re.fullmatch(r"-[a-zA-Z]*n[a-zA-Z]*", arg)
+        for arg in sys.argv[1:]
+    )
+
+
+if dry_run_requested():
+    logger.info(needs_summary(config))
+
+
+onstart:
+    # Jobs are about to run. On this machine (not through a cluster executor, whose login node has no GPU), a
+    # training or evaluation job that is due stops here if there is no GPU: before the first download.
+    if workflow.local_exec and not workflow.touch:
+        due = {job.rule.name for job in workflow.dag.needrun_jobs()}
+        if problem := gpu_preflight(config, due):
+            raise WorkflowError(problem)

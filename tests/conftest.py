@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -61,3 +62,29 @@ def small_tmpfs(tmp_path: Path) -> Iterator[callable]:
     yield mount
     for path in reversed(mounts):
         subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+GPU_LEFT_OUT: set[str] = set()  # the node ids of the gpu tests deselected (by this process, or its xdist workers)
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    GPU_LEFT_OUT.update(item.nodeid for item in items if item.get_closest_marker("gpu"))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if hasattr(session.config, "workeroutput"):  # an xdist worker: hand the list to the controller
+        session.config.workeroutput["gpu_left_out"] = sorted(GPU_LEFT_OUT)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    GPU_LEFT_OUT.update(getattr(node, "workeroutput", {}).get("gpu_left_out", []))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Say that the GPU tests were left out, and how to run them (pyproject's addopts deselect them)."""
+    if GPU_LEFT_OUT and not hasattr(terminalreporter.config, "workeroutput"):
+        terminalreporter.write_line(
+            f"{len(GPU_LEFT_OUT)} GPU tests (marked gpu) were left out; on a machine with an NVIDIA GPU run them "
+            'with: pytest -m gpu -o addopts=""'
+        )

@@ -145,3 +145,17 @@ def test_an_invalid_value_is_named_with_the_file_or_option_that_set_it(tmp_path)
     )
     assert "train.epochs: 'forty' is not of type 'integer' (set in --config)" in result.stdout
     assert "fix config.yaml" not in result.stdout
+
+
+def test_a_dry_run_says_what_the_run_needs(tmp_path):
+    write_config(tmp_path, base_config())
+    result = run_snakemake(tmp_path, "-n", timeout=120)
+    assert result.returncode == 0, result.stdout[-3000:]
+    summary = result.stdout[result.stdout.index("What this run needs:") :]
+    needed = sum(a["extracted_bytes"] for a in base_config()["archives"].values()) + max(
+        a["size_bytes"] for a in base_config()["archives"].values()
+    )
+    assert re.search(r"disk: [\d.]+ GiB more at the peak for the data in data, [\d.]+ [GKMT]?i?B free there", summary)
+    assert f"{needed / 2**30:.2f} GiB more" in summary
+    assert "RAM disk: " in summary and "GPU: " in summary
+    assert "time asked of a scheduler: 12.0 h for 4 training block(s)" in summary  # 4 x (30 + 15 x 10) min

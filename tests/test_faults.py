@@ -296,12 +296,19 @@ def test_a_second_invocation_in_the_same_folder_is_refused_while_the_first_runs(
 # ------------------------------------------------------------------------------------------ environment ----
 
 
-def test_without_a_gpu_training_stops_with_what_to_do(workdir, server, archives):
+def test_without_a_gpu_the_run_stops_before_the_first_download_unless_told_to_go_on(workdir, server, archives):
     write_config(workdir, tiny_config(workdir, server.url, archives, device="cuda", epochs=1))
-    failed = run_snakemake(workdir)
-    assert failed.returncode != 0 and "No CUDA GPU is visible" in failed.stdout and "train.device: cpu" in failed.stdout
+    refused = run_snakemake(workdir)
+    assert (
+        refused.returncode != 0 and "No CUDA GPU is visible" in refused.stdout and "train.device: cpu" in refused.stdout
+    )
+    assert "--config preflight=false" in refused.stdout
+    assert server.requests == [] and not (workdir / "data").exists()  # nothing fetched
+    # told to go on, the data stages run and keep their outputs; the training job stops with the same message
+    failed = run_snakemake(workdir, "--config", "preflight=false")
+    assert failed.returncode != 0 and "No CUDA GPU is visible" in failed.stdout
     assert not (workdir / "results" / "train" / "block_01" / "checkpoint.ckpt").exists()
-    assert (workdir / VERIFIED).is_file()  # the data stages before it are kept
+    assert (workdir / VERIFIED).is_file()
 
 
 def test_a_ramdisk_too_small_trains_from_the_disk_copy(workdir, server, archives, small_tmpfs):

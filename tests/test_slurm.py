@@ -4,11 +4,15 @@ job, and a training job cancelled mid-block is resubmitted and resumes."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 
@@ -23,13 +27,25 @@ def slurm_ready() -> bool:
     return bool(re.search(r"^(idle|mixed|allocated)", states.stdout, re.M))
 
 
+STATE = Path(os.environ.get("SLURM_TEST_STATE", "/tmp/slurm-test"))  # tests/slurm/start.sh's state folder
+
+
 @pytest.fixture(scope="module")
-def slurm() -> None:
+def slurm() -> Iterator[None]:
+    """A one-node SLURM for this module (tests/slurm/start.sh); the daemons it started are stopped afterwards."""
     started = subprocess.run(["bash", str(REPO / "tests" / "slurm" / "start.sh")], capture_output=True, text=True)
     if not slurm_ready():
         reason = f"SLURM cannot run here: {started.stdout.strip()} {started.stderr.strip()}"
         print(reason)
         pytest.skip(reason)
+    yield
+    pids = STATE / "started.pids"
+    for pid in map(int, pids.read_text().split() if pids.exists() else []):
+        with contextlib.suppress(psutil.Error):
+            daemon = psutil.Process(pid)
+            daemon.terminate()
+            daemon.wait(timeout=30)
+    pids.unlink(missing_ok=True)
 
 
 def slurm_test_profile(tmp_path: Path) -> Path:

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Start a one-node SLURM cluster on this machine for the cluster tests: Debian's slurmctld, slurmd, slurm-client and munge, with a
-# fake `gpu` GRES (2 GPUs that are not there). Needs root; installs the packages when they are missing.
+# fake `gpu` GRES (2 GPUs that are not there). Needs root; installs the packages when they are missing, writes
+# /etc/slurm/slurm.conf and gres.conf, and /etc/munge/munge.key when there is none.
 # Idempotent: a cluster that already answers is left alone. Prints why, and exits 0, when it cannot start
-# one; the SLURM tests then skip with that reason.
+# one; the SLURM tests then skip with that reason. The PIDs of the daemons it starts go to $state/started.pids,
+# from which the tests stop them (tests/test_slurm.py: the slurm fixture).
 set -euo pipefail
 state=${SLURM_TEST_STATE:-/tmp/slurm-test}
 ready() { sinfo -h -o %T 2>/dev/null | grep -q -E "^(idle|mixed|allocated)"; }
@@ -24,7 +26,12 @@ mkdir -p "$state"/{ctld,slurmd,log} /etc/slurm /run/munge /var/log/munge /var/li
 [ -s /etc/munge/munge.key ] || { mkdir -p /etc/munge; dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 2>/dev/null; }
 chown -R munge:munge /etc/munge /run/munge /var/log/munge /var/lib/munge 2>/dev/null || true
 chmod 400 /etc/munge/munge.key
-pgrep -x munged >/dev/null || runuser -u munge -- munged 2>/dev/null || munged --force
+started="$state/started.pids"
+: > "$started"
+if ! pgrep -x munged >/dev/null; then
+  runuser -u munge -- munged 2>/dev/null || munged --force
+  sleep 0.5; pgrep -x munged >> "$started" || true
+fi
 
 cat > /etc/slurm/slurm.conf <<CONF
 ClusterName=local
@@ -63,6 +70,8 @@ sleep 1
 slurmctld -c -i
 sleep 1
 slurmd
+sleep 0.5
+cat "$state/slurmctld.pid" "$state/slurmd.pid" >> "$started" 2>/dev/null || true
 for _ in $(seq 30); do
   if ready; then sinfo; exit 0; fi
   sleep 1
