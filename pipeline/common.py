@@ -70,6 +70,7 @@ def read_json(path: str | os.PathLike[str]) -> Any:
 
 
 CONFIG_ENV = "PIPELINE_CONFIG"
+REFETCH_ENV = "PIPELINE_REFETCH"  # "1" when snakemake was asked to rerun jobs (--forcerun and kin): rules/common.smk
 
 
 def pipeline_config() -> dict[str, Any]:

@@ -10,14 +10,14 @@ copied into the block's output folder, which the next block (and the plot) reads
 from __future__ import annotations
 
 import csv
+import fcntl
 import json
+import os
 import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-from filelock import FileLock, Timeout
 
 from pipeline.common import StageError, log, read_json, write_json
 from pipeline.recipe import recipe_diff
@@ -102,18 +102,21 @@ def check_previous_block(previous_block: Path, recipe: Mapping[str, Any], run_id
     return previous_block / "checkpoint.ckpt"
 
 
-def lock_state(state_dir: Path) -> FileLock:
-    """One training process per state folder. The OS drops the lock when its holder dies, so it never goes
-    stale; a second process (an earlier job still running, a second run of the workflow) stops at once."""
-    lock = FileLock(str(state_dir / ".training.lock"))
+def lock_state(state_dir: Path) -> int:
+    """One training process per state folder: a POSIX lock on `.training.lock`, held until this process ends (the
+    returned descriptor must stay open). The kernel drops it when its holder dies, however it dies, and the loader's
+    forked workers do not inherit it, so it never outlives the process that took it; a second process (an earlier
+    job still running, a second run of the workflow) stops at once."""
+    fd = os.open(state_dir / ".training.lock", os.O_RDWR | os.O_CREAT, 0o666)
     try:
-        lock.acquire(timeout=0)
-    except Timeout as error:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as error:
+        os.close(fd)
         raise StageError(
             f"Another training process is using {state_dir} (an earlier job that is still running, or a second "
             "snakemake in this folder). Wait for it to end or stop it, then run snakemake again."
         ) from error
-    return lock
+    return fd
 
 
 def prepare_state(state_dir: Path, plan: ResumePlan) -> None:

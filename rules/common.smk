@@ -10,7 +10,7 @@ from snakemake.logging import logger
 
 sys.path.insert(0, workflow.basedir)
 from pipeline.blocks import block_name, block_ranges
-from pipeline.common import CONFIG_ENV
+from pipeline.common import CONFIG_ENV, REFETCH_ENV
 from pipeline.config_check import (
     ConfigError,
     coerce_to_schema,
@@ -54,6 +54,17 @@ os.environ.update(
 # How-to-run settings reach the scripts through the environment, not params: changing them never
 # reruns a finished job (see pipeline/common.py: pipeline_config).
 os.environ[CONFIG_ENV] = json.dumps(config)
+# A download kept aside for a wrong MD5 is fetched again only when asked to (scripts/download.py).
+FORCING = ("--forcerun", "-R", "--forceall", "-F", "--force", "-f")
+os.environ[REFETCH_ENV] = str(int(any(arg in FORCING for arg in sys.argv)))
+
+
+# Through a cluster executor these rules run on the machine where snakemake runs, not on a compute node: most
+# clusters' compute nodes cannot reach the internet (config.yaml: cluster.local_rules).
+workflow.localrules(
+    *config["cluster"]["local_rules"]
+)  # the `localrules:` directive, for a list from the config
+
 
 DATA = Path(config["data_dir"])
 ARCHIVES = DATA / "archives"

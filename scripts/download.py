@@ -22,7 +22,7 @@ import tenacity
 import urllib3
 from tqdm import tqdm
 
-from pipeline.common import StageError, log, pipeline_config, run_main, size
+from pipeline.common import REFETCH_ENV, StageError, log, pipeline_config, read_json, run_main, size, write_json
 
 CHUNK_BYTES = 1 << 20
 
@@ -98,15 +98,20 @@ class Transfer:
     part: Path
     timeout: float
 
-    def remote_size(self) -> int | None:
-        """Content-Length from a HEAD request, or None when the server does not say."""
+    def describe(self) -> dict[str, Any]:
+        """What a HEAD request says of the file: its size and, where the server gives them, ETag and
+        Last-Modified (None when not said)."""
         try:
             response = requests.head(self.url, timeout=self.timeout, allow_redirects=True)
         except requests.RequestException as error:
             raise TransientError(connection_problem(self.url, error)) from error
         raise_for_status(self.url, response)
         length = response.headers.get("Content-Length")
-        return int(length) if length is not None else None
+        return {
+            "bytes": int(length) if length is not None else None,
+            "etag": response.headers.get("ETag"),
+            "last_modified": response.headers.get("Last-Modified"),
+        }
 
     def fetch(self, digest_box: list[hashlib._Hash]) -> None:
         """One try: append the missing bytes to the part file, hashing as they arrive."""
@@ -171,6 +176,34 @@ def raise_for_status(url: str, response: requests.Response) -> None:
         )
 
 
+def quarantine_paths(output: Path) -> tuple[Path, Path]:
+    """Where a download whose MD5 did not match is kept aside (not a workflow output), and its record."""
+    folder = output.parent / ".quarantine"
+    return folder / output.name, folder / f"{output.name}.json"
+
+
+def refetch_requested() -> bool:
+    """Whether the user asked snakemake to run the download again (--forcerun and kin; rules/common.smk)."""
+    return os.environ.get(REFETCH_ENV) == "1"
+
+
+def check_quarantine(output: Path, url: str, md5: str, remote: dict[str, Any], archive: str) -> None:
+    """Stop without fetching when the file kept aside from an earlier try is, by the server's own description, what
+    it would send again for the same configured MD5: the configured MD5 is then probably wrong."""
+    kept, record_path = quarantine_paths(output)
+    if not (kept.is_file() and record_path.is_file()):
+        return
+    record = read_json(record_path)
+    same = record["url"] == url and record["expected"] == md5 and record["remote"] == remote
+    if same and not refetch_requested():
+        raise StageError(
+            f"{output.name}: the server keeps sending the same content: the download kept aside in {kept} has MD5 "
+            f"{record['got']}, and archives.{archive}.md5 in config.yaml says {md5}. The server describes the file "
+            f"as it did then ({remote['bytes']} bytes), so it was not fetched again: the configured md5 is "
+            "probably wrong. Fix it, or fetch once more anyway with: snakemake --cores all --forcerun download_archive"
+        )
+
+
 def download(
     url: str,
     output: Path,
@@ -203,7 +236,9 @@ def download(
     )
     digest_box: list[hashlib._Hash] = [hashlib.md5()]
     try:
-        remote_size = retrying(transfer.remote_size)
+        remote = retrying(transfer.describe)
+        check_quarantine(output, url, md5, remote, archive)
+        remote_size = remote["bytes"]
         have = transfer.part.stat().st_size if transfer.part.exists() else 0
         remaining = max(0, remote_size - have) if remote_size is not None else 0
         needed = disk_needed(remaining, extracted_bytes, later_bytes, headroom_bytes)
@@ -227,13 +262,18 @@ def download(
         )
         raise StageError(f"Download failed after {attempts} tries: {error}. {advice}{what_is_left}") from error
     got = digest_box[0].hexdigest()
+    kept, record_path = quarantine_paths(output)
     if got != md5:
-        transfer.part.unlink()
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(transfer.part, kept)
+        write_json(record_path, {"url": url, "expected": md5, "got": got, "remote": remote})
         raise StageError(
-            f"{output.name}: MD5 mismatch: expected {md5}, got {got}. The corrupt file was deleted; "
-            "run snakemake again to download it afresh (if this repeats, check archives.<name>.md5 in "
-            "config.yaml)."
+            f"{output.name}: MD5 mismatch: expected {md5}, got {got}. The file is kept aside in {kept} (never "
+            "used). Run snakemake again: it fetches the archive afresh if the server now describes another file, "
+            f"and otherwise stops without fetching, since archives.{archive}.md5 is then probably wrong."
         )
+    kept.unlink(missing_ok=True)
+    record_path.unlink(missing_ok=True)
     os.replace(transfer.part, output)
     log.info("%s complete, MD5 %s", output, got)
 

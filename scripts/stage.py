@@ -1,9 +1,11 @@
 """Copy the verified dataset to a RAM disk (/dev/shm) when it fits, else train from the disk copy.
 
-This runs at the start of every training job, on the node that trains: /dev/shm belongs to that node
-and is emptied by a reboot, so a staged copy made by another job could be missing. A complete copy
-carries a marker file and is reused; a reboot costs a re-stage, never a re-download, because the
-disk copy stays where it is.
+This runs at the start of every training job, on the node that trains: /dev/shm belongs to that node and is emptied
+by a reboot, so a staged copy made by another job could be missing. The copy is named by what it holds
+(`pipeline.dataset.copy_name`), so runs on the same data share it and runs on other data leave it alone; a complete
+copy carries a marker and is reused. When the RAM disk lacks room, copies of this workflow that no run reads any
+more are removed first (`pipeline.dataset.CopyUsers`). A reboot costs a re-stage, never a re-download: the disk
+copy stays where it is.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from filelock import FileLock
 from tqdm import tqdm
 
 from pipeline.common import log, pipeline_config, read_json, run_main, size, where_this_runs, write_json
+from pipeline.dataset import MARKER, CopyUsers, copy_name
 
-MARKER = ".staged.json"
 PAGE_BYTES = 4096  # tmpfs stores every file in whole pages
 
 
@@ -54,6 +56,13 @@ def is_complete_copy(target: Path, source: Path, manifest: Manifest) -> bool:
         return False
     saved = read_json(marker)
     return saved == {"source": str(source.resolve()), "files": manifest.files, "bytes": manifest.bytes}
+
+
+def remove_unused_copies(ramdisk: Path, subdir: str, keep: str) -> None:
+    """Free room: delete this workflow's other copies (`<subdir>-*`) that no run reads."""
+    for other in sorted(ramdisk.glob(f"{subdir}-*")):
+        if other.is_dir() and other.name != keep and not CopyUsers(other).in_use_by_others():
+            CopyUsers(other).remove_unless_used()
 
 
 def copy_tree(source: Path, target: Path, files: list[Path], total_bytes: int, workers: int) -> None:
@@ -88,18 +97,21 @@ def stage_dataset(
         return on_disk("staging is off (stage.enabled in config.yaml)")
     if not ramdisk.is_dir():
         return on_disk(f"the RAM disk {ramdisk} does not exist")
-    target = ramdisk / subdir
     manifest, files = manifest_of(source)
-    report.update(files=manifest.files, bytes=manifest.bytes)
-    with FileLock(str(ramdisk / f".{subdir}.lock")):
+    name = copy_name(subdir, source, manifest.files, manifest.bytes)
+    target = ramdisk / name
+    report.update(files=manifest.files, bytes=manifest.bytes, copy=name)
+    with FileLock(str(ramdisk / f".{name}.lock")):  # one run stages a copy at a time; others wait, then reuse it
         if is_complete_copy(target, source, manifest):
             log.info("Reusing the staged copy in %s (%d files, %s)", target, manifest.files, size(manifest.bytes))
             return {**report, "path": str(target), "where": "ramdisk", "reason": "already staged"}
-        partial = ramdisk / f".{subdir}.partial"
+        partial = ramdisk / f".{name}.partial"
         for stale in (target, partial):
-            shutil.rmtree(stale, ignore_errors=True)  # an old or half-made copy: its room counts as free
-        free = shutil.disk_usage(ramdisk).free
+            shutil.rmtree(stale, ignore_errors=True)  # a half-made copy of this very data: nobody reads it
         needed = manifest.ramdisk_bytes() + headroom_bytes
+        if needed > shutil.disk_usage(ramdisk).free:
+            remove_unused_copies(ramdisk, subdir, keep=name)
+        free = shutil.disk_usage(ramdisk).free
         if needed > free:
             return on_disk(
                 f"{ramdisk} has {size(free)} free, the copy needs {size(manifest.ramdisk_bytes())} "

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.common import StageError, log, pipeline_config, read_json, run_main, where_this_runs, write_json
-from pipeline.dataset import count_images, remove_staged
+from pipeline.dataset import count_images, reading_the_copy
 from pipeline.gpu_profiles import detect_device, resolve_profile, settle_profile
+from pipeline.ranks import die_with_parent, is_main_rank
 from pipeline.recipe import INIT_NOTE, recipe_id, recipe_of
 from pipeline.resume import (
     check_previous_block,
@@ -76,10 +77,6 @@ def run_rfdetr(
         ) from stop
 
 
-def is_main_rank() -> bool:
-    return all(os.environ.get(var, "0") == "0" for var in ("RANK", "LOCAL_RANK", "SLURM_PROCID"))
-
-
 def train_block(args: argparse.Namespace, settings: Mapping[str, Any], rfdetr_version: str) -> None:
     train = {**settings["train"], **json.loads(args.recipe)}
     start, end = args.start_epoch, args.end_epoch
@@ -90,7 +87,7 @@ def train_block(args: argparse.Namespace, settings: Mapping[str, Any], rfdetr_ve
     device = detect_device(train["device"])
     profile, reason = resolve_profile(settings["gpu_profiles"], device, train["profile"])
     static_graphs = "static_cuda_graphs" in speedups.names()
-    stage = read_json(args.stage_report)
+    stage, copy_users = reading_the_copy(read_json(args.stage_report))  # held until this process ends
     val_images = count_images(Path(stage["path"]) / "val2017")
     profile, reason = settle_profile(profile, reason, device, train, static_graphs=static_graphs, val_images=val_images)
     log.info("Device: %s", device.describe())
@@ -145,8 +142,8 @@ def train_block(args: argparse.Namespace, settings: Mapping[str, Any], rfdetr_ve
     }
     write_json(state_dir / "profile.json", {"profile": profile, "reason": reason, "device": device.describe()})
     export_block(state_dir, args.outdir, start, end, run_info)
-    if end == recipe["epochs"] and settings["stage"]["remove_after_training"] and stage["where"] == "ramdisk":
-        remove_staged(Path(settings["stage"]["ramdisk"]), settings["stage"]["subdir"])
+    if end == recipe["epochs"] and settings["stage"]["remove_after_training"] and copy_users is not None:
+        copy_users.remove_unless_used()  # not while another run trains from it
 
 
 def main() -> None:
@@ -162,6 +159,7 @@ def main() -> None:
     parser.add_argument("--outdir", required=True, type=Path)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
+    die_with_parent()  # a rank Lightning started ends with the rank that started it
     train_block(args, pipeline_config(), installed_rfdetr())
 
 

@@ -1,7 +1,9 @@
 """Check the extracted dataset before any GPU time is spent on it, and write a small JSON report.
 
 Checks, per split: the image count matches the config, the annotation file exists and parses, every
-annotated image exists, and (optionally) every image decodes.
+annotated image exists, no image file is missing from the annotations (verify.unlisted_images: error or warn), and
+(optionally) every image decodes. The report gives, per split, the image files, the images the annotations list
+(and how many of those have no annotation, as some of COCO's own do), and the files they do not list.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 from PIL import Image
 from tqdm import tqdm
 
-from pipeline.common import StageError, log, run_main, write_json
+from pipeline.common import StageError, log, pipeline_config, run_main, write_json
 from pipeline.dataset import IMAGE_SUFFIX, count_images
 
 
@@ -67,7 +69,15 @@ def undecodable_images(paths: Sequence[Path], workers: int) -> list[str]:
         return [r for r in tqdm(results, total=len(paths), desc="decode", unit="img", mininterval=5.0) if r]
 
 
-def verify_split(dataset: Path, split: str, expected: int, decode: bool, workers: int) -> dict[str, Any]:
+def unlisted_images(annotations: Mapping[str, Any], folder: Path) -> list[str]:
+    """Image files in `folder` that the annotation file does not list: counted, but never trained on."""
+    listed = {img.get("file_name") for img in annotations["images"]}
+    return sorted(e.name for e in os.scandir(folder) if e.name.endswith(IMAGE_SUFFIX) and e.name not in listed)
+
+
+def verify_split(
+    dataset: Path, split: str, expected: int, decode: bool, workers: int, unlisted_policy: str = "error"
+) -> dict[str, Any]:
     folder = dataset / split
     if not folder.is_dir():
         raise StageError(f"{split}: the folder {folder} is missing. {redo_hint(dataset, split)}")
@@ -86,6 +96,18 @@ def verify_split(dataset: Path, split: str, expected: int, decode: bool, workers
             f"{split}: {len(missing)} annotated image(s) are missing from {folder}, e.g. "
             f"{', '.join(missing[:5])}. {redo_hint(dataset, split)}"
         )
+    unlisted = unlisted_images(annotations, folder)
+    if unlisted:
+        text = (
+            f"{split}: {len(unlisted)} image file(s) in {folder} are not listed in {annotation_file.name}, so training "
+            f"never sees them although verify.expected_images counts them, e.g. {', '.join(unlisted[:5])}. Remove "
+            "them, or set verify.unlisted_images: warn in config.yaml to go on."
+        )
+        if unlisted_policy == "error":
+            raise StageError(text)
+        log.warning("%s", text)
+    with_annotations = {a.get("image_id") for a in annotations.get("annotations", [])}
+    without = sum(1 for img in annotations["images"] if img.get("id") not in with_annotations)
     broken: list[str] = []
     if decode:
         broken = undecodable_images(sorted(folder.glob(f"*{IMAGE_SUFFIX}")), workers)
@@ -93,21 +115,39 @@ def verify_split(dataset: Path, split: str, expected: int, decode: bool, workers
             raise StageError(
                 f"{split}: {len(broken)} image(s) do not decode: {'; '.join(broken[:5])}. {redo_hint(dataset, split)}"
             )
-    log.info("%s: %d images, %d annotations: OK", split, found, len(annotations.get("annotations", [])))
+    log.info(
+        "%s: %d image files, %d listed in %s (%d of them without annotations), %d not listed, %d annotations: OK",
+        split,
+        found,
+        len(annotations["images"]),
+        annotation_file.name,
+        without,
+        len(unlisted),
+        len(annotations.get("annotations", [])),
+    )
     return {
         "folder": str(folder),
         "images": found,
         "expected_images": expected,
         "annotation_file": str(annotation_file),
         "annotated_images": len(annotations["images"]),
+        "images_without_annotations": without,
+        "unlisted_images": len(unlisted),
+        "unlisted_examples": unlisted[:20],
         "annotations": len(annotations.get("annotations", [])),
         "decoded": decode,
     }
 
 
-def verify_dataset(dataset: Path, expected: Mapping[str, int], decode: bool, workers: int) -> dict[str, Any]:
+def verify_dataset(
+    dataset: Path, expected: Mapping[str, int], decode: bool, workers: int, unlisted_policy: str = "error"
+) -> dict[str, Any]:
+    """The report of every split's checks (see the module's text); StageError at the first failed check."""
     start = time.perf_counter()
-    splits = {split: verify_split(dataset, split, count, decode, workers) for split, count in expected.items()}
+    splits = {
+        split: verify_split(dataset, split, count, decode, workers, unlisted_policy)
+        for split, count in expected.items()
+    }
     return {"dataset": str(dataset), "splits": splits, "seconds": round(time.perf_counter() - start, 2)}
 
 
@@ -119,7 +159,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--report", required=True, type=Path)
     args = parser.parse_args()
-    report = verify_dataset(args.dataset, json.loads(args.expected), args.decode, args.workers)
+    policy = pipeline_config()["verify"]["unlisted_images"]
+    report = verify_dataset(args.dataset, json.loads(args.expected), args.decode, args.workers, policy)
     write_json(args.report, report)
 
 

@@ -16,7 +16,7 @@ from tests.helpers.workflow import tiny_config, write_config
 # The files that run the workflow, longest first (about 6, 3.5 and 3 minutes alone on 2 cores): with the two
 # pytest-xdist workers of pyproject.toml, each taking whole files in this order, they start at once and the short
 # files fill in behind them, rather than one of them starting last while the other worker has nothing left to do.
-LONGEST_FILES = ["test_faults.py", "test_slurm.py", "test_pipeline.py"]
+LONGEST_FILES = ["test_faults.py", "test_slurm.py", "test_pipeline.py", "test_shared_machine.py"]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.common import StageError
+from pipeline.common import REFETCH_ENV, StageError
 from scripts.download import download, later_needs, part_path
 from tests.helpers.archive_server import ArchiveServer
 
@@ -57,7 +57,7 @@ def test_a_server_that_ignores_range_restarts_the_file_cleanly(server, archives,
     assert only.status == 200 and only.range is not None
 
 
-def test_corrupt_content_is_an_md5_error_naming_the_file_and_both_sums(server, archives, tmp_path):
+def test_corrupt_content_is_an_md5_error_naming_the_file_and_both_sums(server, archives, tmp_path, monkeypatch):
     server.faults.once["val2017.zip"] = ["corrupt"]
     with pytest.raises(StageError) as error:
         fetch(server, archives, "val2017", tmp_path)
@@ -66,8 +66,14 @@ def test_corrupt_content_is_an_md5_error_naming_the_file_and_both_sums(server, a
     assert "val2017.zip" in message and sums[0] == archives["val2017"]["md5"]
     assert len(sums) == 2 and sums[1] != sums[0]
     assert not (tmp_path / "val2017.zip").exists() and not part_path(tmp_path / "val2017.zip").exists()
-    fetch(server, archives, "val2017", tmp_path)  # the next try starts afresh and succeeds
+    assert (tmp_path / ".quarantine" / "val2017.zip").is_file()  # kept aside, not where a finished archive goes
+    with pytest.raises(StageError, match="the server keeps sending the same content"):
+        fetch(server, archives, "val2017", tmp_path)  # the server describes the same file: no second download
+    assert len(server.gets("val2017.zip")) == 1
+    monkeypatch.setenv(REFETCH_ENV, "1")  # snakemake --forcerun, as rules/common.smk hands it to the job
+    fetch(server, archives, "val2017", tmp_path)  # fetched afresh, and right this time
     assert [r.range for r in server.gets("val2017.zip")] == [None, None]
+    assert not (tmp_path / ".quarantine" / "val2017.zip").exists()
 
 
 def test_http_500_is_retried_a_bounded_number_of_times_then_reported(server, archives, tmp_path):

@@ -63,6 +63,26 @@ def test_an_unreachable_server_stops_the_download_then_a_rerun_completes(workdir
     assert gets(server, "annotations_trainval2017") == 1 and gets(server, "val2017") == 1
 
 
+def test_a_wrong_md5_costs_one_download_not_one_per_run(workdir, server, archives):
+    config = tiny_config(workdir, server.url, archives)
+    config["archives"]["val2017"]["md5"] = "0" * 32  # the server's file is right; the setting is not
+    write_config(workdir, config)
+    first = run_snakemake(workdir, VERIFIED)
+    assert first.returncode != 0 and "MD5 mismatch" in first.stdout and gets(server, "val2017") == 1
+    for _ in range(2):  # every later run stops before fetching, naming both sums
+        again = run_snakemake(workdir, VERIFIED)
+        assert again.returncode != 0 and gets(server, "val2017") == 1
+        got = archives["val2017"]["md5"]
+        assert f"has MD5 {got}, and archives.val2017.md5 in config.yaml says {'0' * 32}" in again.stdout
+        assert "the configured md5 is probably wrong" in again.stdout and "--forcerun download_archive" in again.stdout
+    forced = run_snakemake(workdir, VERIFIED, "--forcerun", "download_archive")
+    assert forced.returncode != 0 and gets(server, "val2017") == 2  # fetched again, as asked
+    config["archives"]["val2017"]["md5"] = archives["val2017"]["md5"]  # the fix
+    write_config(workdir, config)
+    fixed = run_snakemake(workdir, VERIFIED)
+    assert fixed.returncode == 0, fixed.stdout[-3000:]
+
+
 def test_a_connection_dropped_once_is_resumed_within_the_same_run(workdir, server):
     server.faults.once["train2017.zip"] = ["drop"]
     result = run_snakemake(workdir, VERIFIED)
@@ -193,6 +213,25 @@ def test_a_corrupt_jpeg_is_named_and_the_suggested_command_fetches_only_its_arch
     )
 
 
+def test_image_files_the_annotations_do_not_list_stop_the_run_until_told_to_warn(workdir, server, archives):
+    assert run_snakemake(workdir, VERIFIED).returncode == 0
+    val = workdir / "data" / "coco2017" / "val2017"
+    shutil.copy(sorted(val.glob("*.jpg"))[0], val / "stray.jpg")  # counted, but not in instances_val2017.json
+    (workdir / VERIFIED).unlink()
+    config = tiny_config(workdir, server.url, archives)
+    config["verify"]["expected_images"]["val2017"] = 5
+    write_config(workdir, config)
+    failed = run_snakemake(workdir, VERIFIED)
+    assert failed.returncode != 0 and "val2017: 1 image file(s)" in failed.stdout and "stray.jpg" in failed.stdout
+    config["verify"]["unlisted_images"] = "warn"
+    write_config(workdir, config)
+    result = run_snakemake(workdir, VERIFIED)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert jobs_run(result.stdout) == ["verify_counts"] and "stray.jpg" in result.stdout
+    report = json.loads((workdir / VERIFIED).read_text())["splits"]["val2017"]
+    assert (report["images"], report["annotated_images"], report["unlisted_images"]) == (5, 4, 1)
+
+
 def test_image_counts_off_by_one_stop_the_run_and_a_fixed_config_reruns_only_the_check(workdir, server, archives):
     config = tiny_config(workdir, server.url, archives)
     config["verify"]["expected_images"]["val2017"] = 5
@@ -258,7 +297,9 @@ def test_sigkill_of_snakemake_mid_training_resumes_from_the_last_epoch(workdir, 
     wait_for_job(snakemake, "scripts.train")
     kill_group(snakemake)
     output = rerun_after_a_kill(workdir)
-    assert jobs_run(output) == ["train_block", "plot_metrics"]  # no data stage runs again
+    # no data stage runs again; after the block, its three consumers
+    assert jobs_run(output)[0] == "train_block"
+    assert sorted(jobs_run(output)[1:]) == ["evaluate", "export_model", "plot_metrics"]
     assert all(gets(server, a) == 1 for a in ("annotations_trainval2017", "val2017", "train2017"))
     log = (workdir / "results" / "logs" / "train" / "block_01.log").read_text()
     assert "resuming the interrupted block" in log and "at epoch 2" in log

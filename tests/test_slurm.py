@@ -9,6 +9,7 @@ import json
 import os
 import re
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -97,9 +98,9 @@ def run_with_profile(workdir: Path, profile: Path, timeout: float = 900) -> subp
 def test_the_workflow_runs_through_sbatch_with_the_requests_of_the_profile(slurm, workdir, server, archives, tmp_path):
     # gpus: 2 asks SLURM for 2 (fake) GPUs and trains with Lightning DDP, here 2 CPU processes (gloo)
     write_config(workdir, tiny_config(workdir, server.url, archives, epochs=1, gpus=2))
-    # The first two archives on this machine: every rule still goes through sbatch once (train2017's download
-    # and extraction, then verify, train and plot), and the other four data jobs, each a SLURM round trip of
-    # about 14 s here (the plugin's status checks back off while a job runs), are left out.
+    # The first two archives on this machine: every submitted rule still goes through sbatch once (train2017's
+    # extraction, then verify, train, plot, evaluate and export), and the other data jobs, each a SLURM round trip
+    # of about 14 s here (the plugin's status checks back off while a job runs), are left out.
     assert run_snakemake(workdir, "data/coco2017/val2017").returncode == 0
     before = set(slurm_jobs())
     result = run_with_profile(workdir, slurm_test_profile(tmp_path))
@@ -114,8 +115,9 @@ def test_the_workflow_runs_through_sbatch_with_the_requests_of_the_profile(slurm
     for job_id, job in jobs.items():
         rule = re.match(r"rule_([a-z_]+?)(_wildcards|$)", job["Comment"]).group(1)
         by_rule.setdefault(rule, []).append((job_id, job))
+    # cluster.local_rules' default: the download ran here, on the machine where snakemake runs, not through sbatch
+    assert len(server.gets("train2017.zip")) == 1 and (workdir / "data" / "coco2017" / "train2017").is_dir()
     assert sorted((r, len(j)) for r, j in by_rule.items()) == [
-        ("download_archive", 1),
         ("evaluate", 1),
         ("export_model", 1),
         ("extract_archive", 1),
@@ -123,7 +125,7 @@ def test_the_workflow_runs_through_sbatch_with_the_requests_of_the_profile(slurm
         ("train_block", 1),
         ("verify_counts", 1),
     ]
-    assert "train2017" in by_rule["download_archive"][0][1]["Comment"]
+    assert "train2017" in by_rule["extract_archive"][0][1]["Comment"]
     ((train_id, train),) = by_rule["train_block"]
     assert train["JobState"] == "COMPLETED" and train["Partition"] == PARTITION
     assert re.search(r"gres[/:]gpu:2", train["TresPerJob"])  # train.gpus: 2
@@ -132,7 +134,6 @@ def test_the_workflow_runs_through_sbatch_with_the_requests_of_the_profile(slurm
     assert train["TimeLimit"] == "00:45:00"  # 30 min + 15 min per epoch of the block
     # the other jobs: the profile's threads (capped at 2) and runtimes, the memory of resources.*, no GPU
     for rule, cpus, limit, memory in [
-        ("download_archive", "1", "10:00:00", "1000M"),  # set-resources runtime: 600
         ("extract_archive", "2", "02:00:00", "4000M"),
         ("verify_counts", "2", "02:00:00", "8000M"),
         ("plot_metrics", "1", "02:00:00", "4000M"),
@@ -154,8 +155,40 @@ def test_the_workflow_runs_through_sbatch_with_the_requests_of_the_profile(slurm
     assert run["recipe"]["gpus"] == 2 and run["recipe"]["lr"] == pytest.approx(2e-4)  # lr_scaling: linear
 
 
-def test_a_training_job_cancelled_mid_block_is_resubmitted_and_resumes(slurm, workdir, server, archives, tmp_path):
-    write_config(workdir, tiny_config(workdir, server.url, archives, epochs=2, epochs_per_block=2))
+def test_with_no_local_rules_the_downloads_go_through_sbatch_too(slurm, workdir, server, archives, tmp_path):
+    config = tiny_config(workdir, server.url, archives)
+    config["cluster"]["local_rules"] = []  # a cluster whose compute nodes reach the internet
+    write_config(workdir, config)
+    before = set(slurm_jobs())
+    command = [c for c in snakemake_command(workdir) if c not in ("--cores", "2")]
+    profile = ["--workflow-profile", str(slurm_test_profile(tmp_path))]
+    result = subprocess.run(
+        [*command, *profile, "data/coco2017/annotations"], cwd=workdir, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stdout[-5000:]
+    rules = sorted(
+        re.match(r"rule_([a-z_]+?)(_wildcards|$)", j["Comment"]).group(1)
+        for i, j in slurm_jobs().items()
+        if i not in before
+    )
+    assert rules == ["download_archive", "extract_archive"]
+
+
+def processes_of_job(job_id: str) -> list[psutil.Process]:
+    """The processes on this node that belong to SLURM job `job_id` (by the SLURM_JOB_ID they were started with)."""
+    found = []
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if process.environ().get("SLURM_JOB_ID") == job_id:
+                found.append(process)
+    return found
+
+
+def test_a_training_job_cancelled_mid_block_leaves_no_process_and_is_resumed(
+    slurm, workdir, server, archives, tmp_path
+):
+    # two DDP ranks (gloo on the CPU): Lightning starts rank 1 as a child process of rank 0
+    write_config(workdir, tiny_config(workdir, server.url, archives, epochs=2, epochs_per_block=2, gpus=2))
     # the data stages on this machine first (the test above sends each data rule through SLURM);
     # only training goes there
     assert run_snakemake(workdir, "results/verify/dataset.json").returncode == 0
@@ -179,7 +212,17 @@ def test_a_training_job_cancelled_mid_block_is_resubmitted_and_resumes(slurm, wo
             if i not in before and "train_block" in j["Comment"] and j["JobState"] == "RUNNING"
         ]
         assert len(running) == 1
+        ranks = [
+            p for p in processes_of_job(running[0]) if p.name().startswith("python") and "scripts.train" in p.cmdline()
+        ]
+        assert len(ranks) == 2  # rank 0 and the rank it started
         subprocess.run(["scancel", running[0]], check=True)
+        # every process of the cancelled job ends with it (checked while snakemake resubmits the block)
+        deadline = time.time() + 120
+        while processes_of_job(running[0]) and time.time() < deadline:
+            time.sleep(0.5)
+        left = [" ".join(p.cmdline())[:120] for p in processes_of_job(running[0])]
+        assert left == [], left
         assert snakemake.wait(timeout=900) == 0, (workdir / "snakemake.out").read_text()[-5000:]
     trains = sorted(
         (int(i), j["JobState"]) for i, j in slurm_jobs().items() if i not in before and "train_block" in j["Comment"]

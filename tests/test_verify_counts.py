@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -66,3 +67,26 @@ def test_a_corrupt_jpeg_is_caught_by_decoding(dataset):
     verify_dataset(dataset, EXPECTED, decode=False, workers=1)  # counts alone cannot see it
     with pytest.raises(StageError, match=rf"val2017: 1 image\(s\) do not decode: {victim.name}"):
         verify_dataset(dataset, EXPECTED, decode=True, workers=2)
+
+
+def test_image_files_the_annotations_do_not_list_stop_the_run_or_are_reported_with_warn(dataset):
+    shutil.copy(next((dataset / "val2017").glob("*.jpg")), dataset / "val2017" / "not_in_the_json.jpg")
+    expected = {**EXPECTED, "val2017": 5}  # the count of files is right: the file is just not annotated
+    with pytest.raises(StageError) as error:
+        verify_dataset(dataset, expected, decode=False, workers=1)
+    assert "val2017: 1 image file(s)" in str(error.value) and "not_in_the_json.jpg" in str(error.value)
+    assert "verify.unlisted_images: warn" in str(error.value)
+    report = verify_dataset(dataset, expected, decode=False, workers=1, unlisted_policy="warn")["splits"]["val2017"]
+    assert (report["images"], report["annotated_images"], report["unlisted_images"]) == (5, 4, 1)
+    assert report["unlisted_examples"] == ["not_in_the_json.jpg"]
+
+
+def test_images_listed_without_annotations_are_counted_and_fine(dataset):
+    annotation_file = dataset / "annotations" / "instances_val2017.json"
+    annotations = json.loads(annotation_file.read_text())
+    first = annotations["images"][0]["id"]
+    annotations["annotations"] = [a for a in annotations["annotations"] if a["image_id"] != first]
+    annotation_file.write_text(json.dumps(annotations))
+    report = verify_dataset(dataset, EXPECTED, decode=False, workers=1)["splits"]["val2017"]
+    assert (report["images"], report["annotated_images"], report["images_without_annotations"]) == (4, 4, 1)
+    assert report["unlisted_images"] == 0
