@@ -1,4 +1,5 @@
-"""How the training epochs split into blocks, each one Snakemake job (shared by the rules and train.py)."""
+"""How the training epochs split into blocks, each one Snakemake job (shared by the rules and train.py).
+Shown by `tests/test_train.py::test_blocks_cover_every_epoch_once_and_the_last_may_be_shorter`."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """The export formats the workflow wires (`export.formats`), the extra that installs what rfdetr needs for each,
-and whether that is installed here: the export stage stops on it, and planning warns about it early."""
+and whether that is installed here: the export stage stops on it, and planning warns about it early. Shown by
+`tests/test_pipeline.py::test_without_the_onnx_extra_the_export_stops_naming_it`."""
 
 from __future__ import annotations
 

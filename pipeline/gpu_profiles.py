@@ -3,7 +3,9 @@
 Resolved inside the training job, on the machine that has the GPU (a login node that plans the
 workflow has none). Matching order: a profile pinned by name; the first automatic row whose `match`
 pattern is found in the device name; the first row without a pattern whose minimum compute capability
-and memory the device meets.
+and memory the device meets. The FP8 route is checked before training (`settle_profile`), and its validation
+batches keep Transformer Engine's shape rule (`fp8_batch_multiple`). Shown by `tests/test_gpu_profiles.py`,
+`tests/test_train.py` and, on a GPU, `tests/test_gpu.py`.
 """
 
 from __future__ import annotations

@@ -1,9 +1,12 @@
-"""The processes of a training job: which one is the main rank, and how the others die with it.
+"""The processes of a training job: which one is the main rank, and how every one of them dies with the job.
 
-Lightning starts the ranks of a one-node DDP run (`train.gpus` > 1) as child processes of rank 0. When rank 0 is
-killed outright (scancel after its grace period, a lost node's job, `kill -9`), its children would be reparented and
-live on outside the job, where a scheduler that tracks processes by parentage (SLURM's proctrack/linuxproc) no longer
-sees them. `die_with_parent` asks the kernel to kill such a rank when its parent ends (PR_SET_PDEATHSIG). Shown by
+The job's shell starts rank 0; Lightning starts the other ranks of a one-node DDP run (`train.gpus` > 1) as child
+processes of rank 0. When a scheduler cancels the job (scancel, a time limit), its SIGTERM ends the shell at once,
+and a rank that outlives its parent is reparented: a scheduler that tracks processes by parentage (SLURM's
+proctrack/linuxproc) no longer sees it, and ranks that stop at different steps wait for each other in a collective
+for ever. `die_with_parent` asks the kernel to kill a rank when its parent ends (PR_SET_PDEATHSIG): rank 0 when the
+job's shell does, the others when rank 0 does. The last finished epoch is saved every epoch, so nothing is lost that
+a graceful stop would keep. Shown by
 `tests/test_slurm.py::test_a_training_job_cancelled_mid_block_leaves_no_process_and_is_resumed`.
 """
 
@@ -21,13 +24,13 @@ def is_main_rank() -> bool:
 
 
 def die_with_parent() -> bool:
-    """In a rank other than 0, have the kernel SIGKILL this process when its parent ends; True when set."""
-    if os.environ.get("LOCAL_RANK", "0") == "0" or not hasattr(os, "getppid"):
-        return False
+    """Have the kernel SIGKILL this process when its parent ends; True when set."""
     parent = os.getppid()
+    if parent == 1:  # started by init: no parent to die with
+        return False
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
         return False
-    if parent == 1 or os.getppid() != parent:  # the parent ended before the request took effect
+    if os.getppid() != parent:  # the parent ended before the request took effect
         os.kill(os.getpid(), signal.SIGKILL)
     return True

@@ -1,5 +1,6 @@
 """Small self-contained HTML pages of tables, which `snakemake --report` shows inline (it renders HTML and images,
-but offers CSV and JSON files only as downloads)."""
+but offers CSV and JSON files only as downloads). Shown by the report test in `tests/test_pipeline.py`, which looks
+at them in a browser."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The software a job runs with, for run.json and the report: torch, CUDA, cuDNN, the NVIDIA driver, rfdetr,
-snakemake, and Transformer Engine when it is installed."""
+snakemake, and Transformer Engine when it is installed. Shown by the report test in `tests/test_pipeline.py`."""
 
 from __future__ import annotations
 

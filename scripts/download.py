@@ -200,7 +200,7 @@ def check_quarantine(output: Path, url: str, md5: str, remote: dict[str, Any], a
             f"{output.name}: the server keeps sending the same content: the download kept aside in {kept} has MD5 "
             f"{record['got']}, and archives.{archive}.md5 in config.yaml says {md5}. The server describes the file "
             f"as it did then ({remote['bytes']} bytes), so it was not fetched again: the configured md5 is "
-            "probably wrong. Fix it, or fetch once more anyway with: snakemake --cores all --forcerun download_archive"
+            f"probably wrong. Fix it, or fetch once more anyway with: snakemake --cores all --forcerun {output}"
         )
 
 

@@ -159,7 +159,7 @@ def main() -> None:
     parser.add_argument("--outdir", required=True, type=Path)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
-    die_with_parent()  # a rank Lightning started ends with the rank that started it
+    die_with_parent()  # rank 0 ends with the job's shell, the ranks Lightning starts with rank 0
     train_block(args, pipeline_config(), installed_rfdetr())
 
 

@@ -190,9 +190,10 @@ def test_a_corrupt_archive_is_kept_aside_and_fetched_again_when_asked_and_nothin
     # the server describes the same file: no second download of what is probably a wrong md5 ...
     stopped = run_snakemake(workdir, target)
     assert stopped.returncode != 0 and "the server keeps sending the same content" in stopped.stdout
+    assert "--forcerun data/archives/val2017.zip" in stopped.stdout
     assert len(server.gets("val2017.zip")) == 1
     # ... until asked for
-    result = run_snakemake(workdir, target, "--forcerun", "download_archive")
+    result = run_snakemake(workdir, target, "--forcerun", "data/archives/val2017.zip")  # as the message says
     assert result.returncode == 0, result.stdout[-5000:]
     assert [r.range for r in server.gets("val2017.zip")] == [None, None]  # a fresh, whole download
     assert len(server.gets("annotations_trainval2017.zip")) == 1
