@@ -170,3 +170,23 @@ def test_cpus_are_halved_by_numa_node_or_by_whole_cores():
     assert as_taskset_list([0, 1, 4, 5, 9]) == "0-1,4-5,9"
     first, second = split_cpus(this_machine())  # this machine's own topology: every CPU in exactly one half
     assert sorted(first + second) == sorted(cpu.number for cpu in this_machine()) and not set(first) & set(second)
+
+
+def test_the_projection_adds_epochs_at_the_measured_rates_and_each_blocks_start():
+    from bench.projection import project
+
+    measured = {
+        "epoch0_overhead_seconds": 100.0,
+        "first_validation_seconds": 30.0,
+        "records": [
+            {"epoch": 0, "images": 1000, "train_seconds": 110.0, "val_seconds": 30.0},
+            {"epoch": 1, "images": 1000, "train_seconds": 10.0, "val_seconds": 10.0},
+            {"epoch": 2, "images": 1000, "train_seconds": 10.0, "val_seconds": 10.0},
+        ],
+    }
+    result = project(measured, measured_val_images=100, train_images=2000, val_images=200, epochs=4, epochs_per_block=2)
+    inputs = result["inputs"]
+    assert inputs["steady_train_images_per_second"] == 100.0 and inputs["validation_seconds_per_image"] == 0.1
+    assert inputs["block_start_extra_seconds"] == 120.0 and inputs["blocks"] == 2  # 100 + (30 - 10)
+    assert result["epoch_seconds"] == 40.0  # 2000 / 100 + 200 x 0.1
+    assert result["projected_hours"] == round((4 * 40 + 2 * 120) / 3600, 2)

@@ -1,0 +1,83 @@
+"""The wall time of the 40-epoch COCO run, projected from one measured run of the train stage (`bench.compare`).
+
+usage: python -m bench.projection SUMMARY.json --run NAME --measured-val-images N [--cold-start-seconds S]
+           [--train-images 118287] [--val-images 5000] [--epochs 40] [--epochs-per-block 10]
+
+From the run's epochs after the first: training images/s, and validation seconds per image (N images were
+validated each epoch); from its first epoch: the extra seconds a block's start costs (epoch-0 overhead and the first
+validation's extra time, with the compile caches that run had). A cold first block costs `--cold-start-seconds` more
+than that. Prints the inputs beside the result, as JSON. Arithmetic, not a COCO run: the loader's cost at COCO's
+image sizes is whatever the measured run's images cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from pipeline.blocks import block_ranges
+from pipeline.common import read_json, run_main
+
+
+def project(
+    run: dict[str, Any],
+    measured_val_images: int,
+    train_images: int = 118_287,
+    val_images: int = 5_000,
+    epochs: int = 40,
+    epochs_per_block: int = 10,
+    cold_start_seconds: float = 0.0,
+) -> dict[str, Any]:
+    """The projected hours and the measured inputs they come from (see the module's text)."""
+    later = run["records"][1:]
+    if not later:
+        raise ValueError("the run needs at least two epochs: the first pays the start, the others give the rates")
+    steady = sum(r["images"] for r in later) / sum(r["train_seconds"] for r in later)
+    val_per_image = sum(r["val_seconds"] for r in later) / (len(later) * measured_val_images)
+    block_start = run["epoch0_overhead_seconds"] + run["first_validation_seconds"] - val_per_image * measured_val_images
+    blocks = len(block_ranges(epochs, epochs_per_block))
+    epoch_seconds = train_images / steady + val_images * val_per_image
+    total = epochs * epoch_seconds + blocks * block_start + cold_start_seconds
+    return {
+        "inputs": {
+            "steady_train_images_per_second": round(steady, 1),
+            "validation_seconds_per_image": round(val_per_image, 5),
+            "block_start_extra_seconds": round(block_start, 1),
+            "cold_start_seconds": cold_start_seconds,
+            "train_images": train_images,
+            "val_images": val_images,
+            "epochs": epochs,
+            "blocks": blocks,
+        },
+        "epoch_seconds": round(epoch_seconds, 1),
+        "projected_hours": round(total / 3600, 2),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("summary", type=Path, help="a bench.compare summary.json")
+    parser.add_argument("--run", required=True, help="the run in it (its name in bench.compare)")
+    parser.add_argument("--measured-val-images", required=True, type=int)
+    parser.add_argument("--cold-start-seconds", type=float, default=0.0)
+    parser.add_argument("--train-images", type=int, default=118_287)
+    parser.add_argument("--val-images", type=int, default=5_000)
+    parser.add_argument("--epochs", type=int, default=40)
+    parser.add_argument("--epochs-per-block", type=int, default=10)
+    args = parser.parse_args()
+    result = project(
+        read_json(args.summary)[args.run],
+        args.measured_val_images,
+        args.train_images,
+        args.val_images,
+        args.epochs,
+        args.epochs_per_block,
+        args.cold_start_seconds,
+    )
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    run_main(main)
