@@ -54,9 +54,11 @@ os.environ.update(
 # How-to-run settings reach the scripts through the environment, not params: changing them never
 # reruns a finished job (see pipeline/common.py: pipeline_config).
 os.environ[CONFIG_ENV] = json.dumps(config)
-# A download kept aside for a wrong MD5 is fetched again only when asked to (scripts/download.py).
+# A download kept aside for a wrong MD5 is fetched again only when the user asked for it (scripts/download.py). A
+# cluster job's own snakemake (told its job with --target-jobs, and always --force) keeps what the user's run set.
 FORCING = ("--forcerun", "-R", "--forceall", "-F", "--force", "-f")
-os.environ[REFETCH_ENV] = str(int(any(arg in FORCING for arg in sys.argv)))
+if "--target-jobs" not in sys.argv:
+    os.environ[REFETCH_ENV] = str(int(any(arg in FORCING for arg in sys.argv)))
 
 
 # Through a cluster executor these rules run on the machine where snakemake runs, not on a compute node: most
