@@ -4,10 +4,13 @@
 # /etc/slurm/slurm.conf and gres.conf, and /etc/munge/munge.key when there is none.
 # Idempotent: a cluster that already answers is left alone. Prints why, and exits 0, when it cannot start
 # one; the SLURM tests then skip with that reason. The PIDs of the daemons it starts go to $state/started.pids,
-# from which the tests stop them (tests/test_slurm.py: the slurm fixture).
+# from which the tests stop them, and the files it writes under /etc are put back as they were (tests/test_slurm.py:
+# the slurm fixture): a slurm.conf left behind would make every later `scontrol` wait for a controller.
 set -euo pipefail
 state=${SLURM_TEST_STATE:-/tmp/slurm-test}
 ready() { sinfo -h -o %T 2>/dev/null | grep -q -E "^(idle|mixed|allocated)"; }
+mkdir -p "$state"
+: > "$state/started.pids"; : > "$state/created.files"  # nothing of this run's to undo yet
 if ready; then echo "SLURM already running"; exit 0; fi
 if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then
   if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
@@ -22,12 +25,21 @@ if [ "$(id -u)" != 0 ]; then echo "starting slurmd needs root"; exit 0; fi
 host=$(hostname -s)
 cpus=$(nproc)
 mem=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 - 1024 ))
-mkdir -p "$state"/{ctld,slurmd,log} /etc/slurm /run/munge /var/log/munge /var/lib/munge
-[ -s /etc/munge/munge.key ] || { mkdir -p /etc/munge; dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 2>/dev/null; }
+rm -rf "$state/backup"
+mkdir -p "$state"/{ctld,slurmd,log,backup} /etc/slurm /run/munge /var/log/munge /var/lib/munge
+# What this script writes under /etc, so that the tests can put it back when they end: a file that was there is
+# copied to $state/backup first, one that was not is listed in $state/created.files.
+created="$state/created.files"
+keep() { if [ -e "$1" ]; then cp -p "$1" "$state/backup/$(basename "$1")"; else echo "$1" >> "$created"; fi; }
+keep /etc/slurm/slurm.conf
+keep /etc/slurm/gres.conf
+if [ ! -s /etc/munge/munge.key ]; then
+  mkdir -p /etc/munge; dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 2>/dev/null
+  echo /etc/munge/munge.key >> "$created"
+fi
 chown -R munge:munge /etc/munge /run/munge /var/log/munge /var/lib/munge 2>/dev/null || true
 chmod 400 /etc/munge/munge.key
 started="$state/started.pids"
-: > "$started"
 if ! pgrep -x munged >/dev/null; then
   runuser -u munge -- munged 2>/dev/null || munged --force
   sleep 0.5; pgrep -x munged >> "$started" || true
