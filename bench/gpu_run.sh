@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The GPU measurements of BENCHMARKS.md, on a machine without network (the project's device machine).
-# usage: bench/gpu_run.sh stock|pipeline|ddp|recompiles|levers|profile|route      (OUT: folder for results; default /tmp/bench-out)
+# usage: bench/gpu_run.sh stock|pipeline|ddp|recompiles|levers|profile|route|validation  (OUT: results folder, default /tmp/bench-out;
+#        N_TRAIN, N_VAL, DETAIL=photo|coco: the synthetic set, bench/synth_coco.py)
 #        route:  ROUTE=<gpu_profiles row> NAME=<name> [EPOCHS=3] [SHARE_CACHE=1] bench/gpu_run.sh route
 #        levers: VARIANT='<a gpu_profiles row as JSON>' [TRAIN='<train settings as JSON>'] NAME=<name> [EPOCHS=3] [LOADER_WORKERS='16 32']
 #                [SPLIT_CPUS=1: half the CPUs each] bench/gpu_run.sh levers
+#        validation: [RUNS='name|bench.validation args;...'] [EPOCHS=2] bench/gpu_run.sh validation  (loader alone first)
 #        noise:  [EPOCHS=3] [SPLIT_CPUS=1] bench/gpu_run.sh noise   (the stock recipe twice, at once: its run-to-run noise)
 #        (two GPUs)
 # Needs the wheelhouse in .whl (../shared/gpu/wheelhouse.sh -d .whl); the data comes from bench/synth_coco.py.
@@ -17,7 +19,7 @@ if [ ! -d /tmp/site ]; then
 fi
 export PYTHONPATH=/tmp/site:$PWD
 if [ ! -f "$DATA/annotations/instances_val2017.json" ]; then
-  python3 bench/synth_coco.py "$DATA" "${N_TRAIN:-4096}" "${N_VAL:-500}"
+  python3 bench/synth_coco.py "$DATA" "${N_TRAIN:-4096}" "${N_VAL:-500}" --detail "${DETAIL:-photo}"
 fi
 { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; nproc
   python3 -c 'import torch, importlib.metadata as m; print("torch", torch.__version__, "rfdetr", m.version("rfdetr"), "snakemake", m.version("snakemake"))'
@@ -81,6 +83,22 @@ case $phase in
             kill $dmon || true
             cp "/tmp/r-$name/summary.json" "$OUT/summary-$name.json" || true
             f=/tmp/r-$name/$name/results/logs/train/block_01.log; [ -f "$f" ] && tail -c 200000 "$f" > "$OUT/$name-block_01.log"
+            exit 0 ;;
+  validation)  # the data loader alone (LOADER_WORKERS=16; 0 skips it), then bench.validation for each run of RUNS, one
+            # after the other on GPU 0, sharing one compile cache (the first run compiles cold, the next ones find its graphs);
+            # each run's log goes straight to $OUT, so what ran comes back even when the call's time runs out
+            workers=${LOADER_WORKERS:-16}
+            [ "$workers" = 0 ] || python3 -m bench.loader --dataset "$DATA" --workers "$workers" --waves 2 > "$OUT/loader.json" 2> "$OUT/loader.log" || true
+            export TORCHINDUCTOR_CACHE_DIR=/tmp/compile-cache/inductor TRITON_CACHE_DIR=/tmp/compile-cache/triton
+            nvidia-smi dmon -s u -d 1 > "$OUT/dmon-validation.txt" 2>&1 & dmon=$!
+            IFS=';' read -ra runs <<< "${RUNS:-before|--speedups all}"
+            for run in "${runs[@]}"; do
+              name=${run%%|*}; args=${run#*|}
+              { CUDA_VISIBLE_DEVICES=0 TORCH_LOGS=recompiles timeout "${LIMIT:-420}" python3 -m bench.validation --dataset "$DATA" \
+                  --out "$OUT/validation-$name.json" --state "/tmp/v-$name" --epochs "${EPOCHS:-2}" $args 2>&1 || echo "$name failed: $?"; } \
+                | grep --line-buffered -v "it/s" > "$OUT/validation-$name.log"
+            done
+            kill $dmon || true
             exit 0 ;;
   noise)    # the stock recipe on GPU 0 and GPU 1 at the same time, same set, seed and epochs: how far two runs of
             # the same recipe drift apart step by step, to read a lever's loss differences against (bench.side_by_side)

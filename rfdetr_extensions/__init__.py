@@ -127,6 +127,32 @@ SPEEDUPS: tuple[Speedup, ...] = (
         "the matcher pads a batch's targets in two operations instead of one copy per image",
         "tests/test_padding_in_one_copy.py::test_the_padding_equals_pad_sequences",
     ),
+    _patch(
+        "validation_images_kept",
+        ("rfdetr.training.module_data:RFDETRDataModule.val_dataloader",),
+        "each validation image is decoded and resized once per run; later validations get copies (RAM: 1.8 MB each)",
+        "tests/test_validation_metrics.py::test_kept_validation_samples_equal_rfdetrs_at_every_epoch",
+    ),
+    _patch(
+        "metric_inputs_in_one_copy",
+        (
+            "rfdetr.training.callbacks.coco_eval:COCOEvalCallback._convert_preds",
+            "rfdetr.training.callbacks.coco_eval:COCOEvalCallback._convert_targets",
+        ),
+        "a validation batch's predictions and targets reach the COCO metric on the host in one copy per dtype",
+        "tests/test_validation_metrics.py::test_validation_metrics_equal_rfdetrs_with_the_validation_speedups",
+    ),
+    _patch(
+        "matching_in_workers",
+        (
+            "rfdetr.training.callbacks.coco_eval:build_matching_data",
+            "rfdetr.training.callbacks.coco_eval:merge_matching_data",
+            "rfdetr.training.callbacks.coco_eval:init_matching_accumulator",
+            "rfdetr.training.callbacks.coco_eval:COCOEvalCallback._compute_and_log_f1_metrics",
+        ),
+        "validation's F1 matching runs in worker processes while the next batch goes on; merged in batch order",
+        "tests/test_validation_metrics.py::test_matching_in_workers_gives_rfdetrs_accumulator_array_for_array",
+    ),
     _callback(
         "static_cuda_graphs",
         "StaticCudaGraphs",

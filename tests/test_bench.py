@@ -190,3 +190,14 @@ def test_the_projection_adds_epochs_at_the_measured_rates_and_each_blocks_start(
     assert inputs["block_start_extra_seconds"] == 120.0 and inputs["blocks"] == 2  # 100 + (30 - 10)
     assert result["epoch_seconds"] == 40.0  # 2000 / 100 + 200 x 0.1
     assert result["projected_hours"] == round((4 * 40 + 2 * 120) / 3600, 2)
+
+
+@pytest.mark.parametrize(("detail", "low_kb", "high_kb"), [("photo", 55, 90), ("coco", 135, 190)])
+def test_the_synthetic_set_has_the_byte_size_its_detail_promises(tmp_path, detail, low_kb, high_kb):
+    from bench.synth_coco import main
+
+    main([str(tmp_path), "48", "2", "--detail", detail, "--workers", "2"])
+    files = list((tmp_path / "train2017").glob("*.jpg"))
+    mean_kb = sum(f.stat().st_size for f in files) / len(files) / 1000
+    assert len(files) == 48
+    assert low_kb < mean_kb < high_kb, f"{detail}: {mean_kb:.1f} kB an image on average"

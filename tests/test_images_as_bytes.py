@@ -9,24 +9,7 @@ import pytest
 import torch
 
 from rfdetr_extensions.patches.images_as_bytes import DeviceNormalize, RelativeTargets, bytes_pipeline, images_as_bytes
-
-
-def rfdetr_datamodule(dataset, batch_size: int = 4):
-    """rfdetr's own data module, with the workflow's fixed-resolution recipe settings."""
-    from rfdetr.config import RFDETRNanoConfig, TrainConfig
-    from rfdetr.training.module_data import RFDETRDataModule
-
-    train_config = TrainConfig(
-        dataset_file="coco",
-        dataset_dir=str(dataset),
-        batch_size=batch_size,
-        num_workers=0,
-        multi_scale=False,
-        square_resize_div_64=True,
-    )
-    module = RFDETRDataModule(RFDETRNanoConfig(pretrain_weights=None), train_config)
-    module.setup("fit")
-    return module
+from tests.helpers.rfdetr_steps import assert_same_batch, on_device, rfdetr_datamodule
 
 
 def loaded_batch(module, split: str = "train"):
@@ -36,23 +19,6 @@ def loaded_batch(module, split: str = "train"):
     numpy.random.seed(0)
     loader = module.train_dataloader() if split == "train" else module.val_dataloader()
     return next(iter(loader))
-
-
-def on_device(module, batch, device: str = "cpu"):
-    """What the training step receives: Lightning's transfer, then the after-transfer hook."""
-    moved = module.transfer_batch_to_device(batch, torch.device(device), 0)
-    return module.on_after_batch_transfer(moved, 0)
-
-
-def assert_same_batch(ours, rfdetr_s) -> None:
-    (images, targets), (expected_images, expected_targets) = ours, rfdetr_s
-    assert images.tensors.dtype == expected_images.tensors.dtype == torch.float32
-    assert torch.equal(images.tensors, expected_images.tensors)
-    assert torch.equal(images.mask, expected_images.mask)
-    assert len(targets) == len(expected_targets)
-    for mine, theirs in zip(targets, expected_targets, strict=True):
-        assert mine.keys() == theirs.keys()
-        assert all(torch.equal(mine[key], theirs[key]) for key in mine)
 
 
 def test_training_batches_travel_as_bytes_and_arrive_as_rfdetrs_floats(tiny_dataset):

@@ -44,3 +44,38 @@ def decoder_step(device: str, batch: int, tmp_path, resolution: int = 128):
     if outputs["enc_outputs"]["pred_logits"].shape[1] != outputs["pred_logits"].shape[1]:
         del outputs["enc_outputs"]
     return criterion, outputs, targets
+
+
+def rfdetr_datamodule(dataset, batch_size: int = 4, workers: int = 0):
+    """rfdetr's own data module, with the workflow's fixed-resolution recipe settings."""
+    from rfdetr.config import RFDETRNanoConfig, TrainConfig
+    from rfdetr.training.module_data import RFDETRDataModule
+
+    train_config = TrainConfig(
+        dataset_file="coco",
+        dataset_dir=str(dataset),
+        batch_size=batch_size,
+        num_workers=workers,
+        multi_scale=False,
+        square_resize_div_64=True,
+    )
+    module = RFDETRDataModule(RFDETRNanoConfig(pretrain_weights=None), train_config)
+    module.setup("fit")
+    return module
+
+
+def on_device(module, batch, device: str = "cpu"):
+    """What the training step receives: Lightning's transfer, then the after-transfer hook."""
+    moved = module.transfer_batch_to_device(batch, torch.device(device), 0)
+    return module.on_after_batch_transfer(moved, 0)
+
+
+def assert_same_batch(ours, rfdetr_s) -> None:
+    (images, targets), (expected_images, expected_targets) = ours, rfdetr_s
+    assert images.tensors.dtype == expected_images.tensors.dtype == torch.float32
+    assert torch.equal(images.tensors, expected_images.tensors)
+    assert torch.equal(images.mask, expected_images.mask)
+    assert len(targets) == len(expected_targets)
+    for mine, theirs in zip(targets, expected_targets, strict=True):
+        assert mine.keys() == theirs.keys()
+        assert all(torch.equal(mine[key], theirs[key]) for key in mine)

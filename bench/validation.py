@@ -1,0 +1,185 @@
+"""Where the train stage's validation spends its time, phase by phase, on the GPU it runs on.
+
+usage: python -m bench.validation --dataset DIR --out FILE.json [--epochs 3] [--speedups all|none|NAME,...|all,-NAME]
+           [--workers 16] [--profile auto|NAME] [--state DIR]
+
+Trains `--epochs` epochs through the train stage's own rfdetr call (`scripts.train.run_rfdetr`: config.yaml's
+recipe and GPU profile, the selected speedups), so validation runs exactly as in a workflow run. Use a set with few
+training images and many validation images (`bench/synth_coco.py DIR 1024 5000`): then most of the time is
+validation. Two Lightning callbacks, one before and one after every other callback, wait for the GPU at each
+phase's edges and time, per validation:
+
+- `loader`: from the end of one batch to the start of the next (the loader, the copy to the GPU, Lightning);
+- `forward`: rfdetr's `validation_step` (the EMA model's forward pass and post-processing);
+- `batch_callbacks`: the callbacks' batch end: rfdetr's COCO metric update and F1 matching;
+- `epoch_end`: the callbacks' epoch end: the COCO evaluation, the F1 sweep, the logs;
+- `validation_end`: what runs after it (rfdetr's best-model checkpoint);
+- `seconds`, `images_per_second`: the whole validation, start to end.
+
+The waits add a little time that a normal run overlaps, so the sum is an upper bound of each phase; the train
+stage's own figure is `val_seconds` in its `epochs.jsonl`. Writes one record per validation to `--out` and prints
+them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipeline.common import log, run_main, write_json
+from pipeline.dataset import count_images
+from pipeline.gpu_profiles import detect_device, resolve_profile, settle_profile
+from pipeline.recipe import recipe_of
+from pipeline.rfdetr_call import configure_compile_cache, set_host_threads, train_kwargs
+from rfdetr_extensions import SpeedupOptions, select_speedups
+from rfdetr_extensions.patching import installed_rfdetr, patch_rfdetr
+
+PHASES = ("loader", "forward", "batch_callbacks", "epoch_end", "validation_end")
+
+
+class PhaseRecord:
+    """The current validation's phase seconds and images, and every finished validation's record."""
+
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+        self.current: dict[str, Any] = {}
+        self.mark = 0.0
+
+    def now(self) -> float:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def start(self, epoch: int) -> None:
+        self.current = {"epoch": epoch, "images": 0, "batches": 0, **dict.fromkeys(PHASES, 0.0)}
+        self.started = self.mark = self.now()
+
+    def close(self, phase: str) -> None:
+        """Add the time since the last mark to `phase` and mark now."""
+        now = self.now()
+        self.current[phase] += now - self.mark
+        self.mark = now
+
+    def finish(self) -> None:
+        self.close("validation_end")
+        record = {k: round(v, 3) if isinstance(v, float) else v for k, v in self.current.items()}
+        record["seconds"] = round(self.mark - self.started, 3)
+        record["images_per_second"] = round(record["images"] / max(record["seconds"], 1e-9), 1)
+        self.records.append(record)
+        log.info("validation phases: %s", json.dumps(record))
+
+
+def phase_clocks(record: PhaseRecord) -> tuple[Any, Any]:
+    """The callbacks that go first and last in the Trainer's list."""
+    import pytorch_lightning as pl
+
+    class First(pl.Callback):
+        def on_validation_epoch_start(self, trainer: Any, module: Any) -> None:
+            if not trainer.sanity_checking:
+                record.start(trainer.current_epoch)
+
+        def on_validation_batch_start(self, trainer: Any, module: Any, batch: Any, *args: Any) -> None:
+            if record.current and not trainer.sanity_checking:
+                record.close("loader")
+                images = batch[0]
+                record.current["images"] += int(getattr(images, "tensors", images).shape[0])
+                record.current["batches"] += 1
+
+        def on_validation_batch_end(self, trainer: Any, *args: Any) -> None:
+            if record.current and not trainer.sanity_checking:
+                record.close("forward")
+
+        def on_validation_epoch_end(self, trainer: Any, module: Any) -> None:
+            if record.current and not trainer.sanity_checking:
+                record.close("loader")  # the wait for the loader to say it has no more batches
+
+    class Last(pl.Callback):
+        def on_validation_batch_end(self, trainer: Any, *args: Any) -> None:
+            if record.current and not trainer.sanity_checking:
+                record.close("batch_callbacks")
+
+        def on_validation_epoch_end(self, trainer: Any, module: Any) -> None:
+            if record.current and not trainer.sanity_checking:
+                record.close("epoch_end")
+
+        def on_validation_end(self, trainer: Any, module: Any) -> None:
+            if record.current and not trainer.sanity_checking:
+                record.finish()
+                record.current = {}
+
+    return First(), Last()
+
+
+@contextmanager
+def clocked_trainer(record: PhaseRecord) -> Iterator[None]:
+    """Every Trainer rfdetr builds in this block gets the phase clocks first and last in its callback list."""
+    first, last = phase_clocks(record)
+
+    def wrap(original: Any) -> Any:
+        def build_trainer(*args: Any, **kwargs: Any) -> Any:
+            trainer = original(*args, **kwargs)
+            trainer.callbacks.insert(0, first)
+            trainer.callbacks.append(last)
+            return trainer
+
+        return build_trainer
+
+    with patch_rfdetr("rfdetr.training", "build_trainer", wrap):
+        yield
+
+
+def main() -> None:
+    from bench.profile_steps import parse_speedups
+    from scripts.train import run_rfdetr
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dataset", required=True, type=Path)
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument(
+        "--speedups", type=parse_speedups, default="all", help="none, all, NAME,NAME or all,-NAME (all but NAME)"
+    )
+    parser.add_argument("--workers", type=int, default=16)
+    parser.add_argument("--profile", default="auto", help="a gpu_profiles row of config.yaml, or auto")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: to try the tool out")
+    parser.add_argument("--state", type=Path, help="rfdetr's output folder (default: beside --out)")
+    args = parser.parse_args()
+
+    settings = yaml.safe_load(Path("config.yaml").read_text())
+    train = {**settings["train"], "epochs": args.epochs, "speedups": args.speedups, "device": args.device}
+    version = installed_rfdetr()
+    speedups = select_speedups(train["speedups"], version)
+    device = detect_device(train["device"])
+    profile, reason = resolve_profile(settings["gpu_profiles"], device, args.profile)
+    val_images = count_images(args.dataset / "val2017")
+    profile, reason = settle_profile(
+        profile, reason, device, train, static_graphs="static_cuda_graphs" in speedups.names(), val_images=val_images
+    )
+    recipe = recipe_of(train, profile, version)
+    state_dir = args.state or args.out.parent / f"{args.out.stem}-state"
+    state_dir.mkdir(parents=True, exist_ok=True)
+    configure_compile_cache(state_dir / "compile_cache")
+    kwargs = train_kwargs(recipe, str(args.dataset), state_dir, args.workers, device, ["csv"])
+    set_host_threads(train["host_threads"], device)
+    log.info("GPU profile %s (%s); speedups: %s", profile["name"], reason, ", ".join(speedups.names()) or "none")
+    record = PhaseRecord()
+    with clocked_trainer(record):
+        run_rfdetr(
+            recipe, profile, kwargs, args.epochs, speedups, SpeedupOptions(loader_niceness=train["loader_niceness"])
+        )
+    write_json(args.out, {"profile": profile, "speedups": speedups.names(), "validations": record.records})
+    for row in record.records:
+        print(json.dumps(row))
+
+
+if __name__ == "__main__":
+    run_main(main)

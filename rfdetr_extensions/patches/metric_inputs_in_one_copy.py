@@ -1,0 +1,79 @@
+"""Bring a validation batch's predictions and targets to the host in one copy per dtype, not one per tensor.
+
+rfdetr 1.11.2's `COCOEvalCallback` converts each batch's post-processed predictions and targets
+(`_convert_preds`, `_convert_targets`) and leaves them on the GPU. Its COCO metric then copies every image's boxes,
+scores and labels to the host one tensor at a time (`OnePassCocoMeanAveragePrecision.update`), and the F1 matching
+reads them back again (`build_matching_data`: labels, scores and each image's IoU matrix). At batch 125 that is
+about 1,500 small copies a batch, each one a wait for the GPU.
+
+This wraps `_convert_preds` and `_convert_targets`: they compute what rfdetr computes, on the device rfdetr computes
+it, and then every tensor of the batch of one dtype is flattened into one buffer, copied to the host once, and
+handed back as views of that copy with their own shapes. Everything after works on host tensors, as rfdetr's
+metric does with its own copies. Segmentation outputs (masks) keep rfdetr's path.
+
+Guarantees: the same keys, values, dtypes and shapes as rfdetr's tensors, on the CPU; the metrics computed from
+them equal rfdetr's (the F1 matching's box IoU then runs on the host: the same IEEE operations, checked equal on
+the GPU). Shown by `tests/test_validation_metrics.py` (and `pytest -m gpu`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from contextlib import AbstractContextManager, ExitStack, contextmanager
+from typing import Any
+
+from rfdetr_extensions.patching import patch_rfdetr
+
+CALLBACK = "rfdetr.training.callbacks.coco_eval:COCOEvalCallback"
+
+
+def to_host_in_one_copy(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`items` (dicts of tensors) with every tensor on the CPU: one copy per (device, dtype), views of it after."""
+    import torch
+
+    groups: dict[tuple[Any, Any], list[tuple[int, str, Any]]] = defaultdict(list)
+    for index, item in enumerate(items):
+        for key, value in item.items():
+            if isinstance(value, torch.Tensor) and value.device.type != "cpu":
+                groups[(value.device, value.dtype)].append((index, key, value))
+    moved = [dict(item) for item in items]
+    for entries in groups.values():
+        flat = torch.cat([value.detach().reshape(-1) for _, _, value in entries]).cpu()
+        pieces = flat.split([value.numel() for _, _, value in entries])
+        for (index, key, value), piece in zip(entries, pieces, strict=True):
+            moved[index][key] = piece.view(value.shape)
+    return moved
+
+
+def has_masks(items: list[dict[str, Any]]) -> bool:
+    return any("masks" in item for item in items)
+
+
+def preds_on_host(original: Callable[..., list[dict[str, Any]]]) -> Callable[..., list[dict[str, Any]]]:
+    def convert_preds(callback: Any, preds: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        converted = original(callback, preds)
+        return converted if has_masks(converted) else to_host_in_one_copy(converted)
+
+    return convert_preds
+
+
+def targets_on_host(original: Callable[..., list[dict[str, Any]]]) -> Callable[..., list[dict[str, Any]]]:
+    def convert_targets(callback: Any, targets: list[dict[str, Any]], *args: Any, **kwargs: Any) -> Any:
+        converted = original(callback, targets, *args, **kwargs)
+        return converted if has_masks(converted) else to_host_in_one_copy(converted)
+
+    return convert_targets
+
+
+@contextmanager
+def _both() -> Any:
+    with ExitStack() as stack:
+        stack.enter_context(patch_rfdetr(CALLBACK, "_convert_preds", preds_on_host))
+        stack.enter_context(patch_rfdetr(CALLBACK, "_convert_targets", targets_on_host))
+        yield
+
+
+def metric_inputs_in_one_copy() -> AbstractContextManager[None]:
+    """Within this block, rfdetr's COCO metric callback gets its inputs on the host in one copy per dtype."""
+    return _both()

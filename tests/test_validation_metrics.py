@@ -1,0 +1,244 @@
+"""The validation speedups give rfdetr's batches and metrics: `validation_images_kept`, `metric_inputs_in_one_copy`
+and `matching_in_workers`.
+
+The first test feeds rfdetr's matching directly, three batches with many true and false matches, crowd boxes and
+tied scores; the second runs rfdetr's real evaluation loop on the tiny set with and without both speedups.
+"""
+
+from __future__ import annotations
+
+import copy
+import tempfile
+
+import numpy as np
+import pytest
+import torch
+
+from rfdetr_extensions import CHECKED_RFDETR, applied, select_speedups
+from rfdetr_extensions.evaluation import captured_coco_metrics
+from rfdetr_extensions.patches.matching_in_workers import MatchingPool, PendingAccumulator, matching_in_workers, settle
+from rfdetr_extensions.patches.metric_inputs_in_one_copy import to_host_in_one_copy
+from rfdetr_extensions.patches.validation_images_kept import KeptCocoDetection, validation_images_kept
+from rfdetr_extensions.patching import patch_rfdetr
+from tests.helpers.rfdetr_steps import assert_same_batch, on_device, rfdetr_datamodule
+
+SPEEDUPS = ["validation_images_kept", "metric_inputs_in_one_copy", "matching_in_workers"]
+
+
+def batch(generator: torch.Generator, images: int) -> tuple[list[dict], list[dict]]:
+    """Detections scattered around the ground truth (some on it, some off), over few classes, some scores tied."""
+    preds, targets = [], []
+    for _ in range(images):
+        gt = torch.rand(5, 2, generator=generator) * 200
+        gt_boxes = torch.cat([gt, gt + 20 + torch.rand(5, 2, generator=generator) * 80], dim=1)
+        near = gt_boxes.repeat(6, 1) + torch.randn(30, 4, generator=generator) * 12
+        boxes = torch.cat([near, torch.rand(20, 4, generator=generator).sort(dim=1).values * 300])
+        scores = (torch.rand(50, generator=generator) * 20).round() / 20  # ties
+        preds.append({"boxes": boxes, "scores": scores, "labels": torch.randint(0, 4, (50,), generator=generator)})
+        targets.append(
+            {
+                "boxes": gt_boxes,
+                "labels": torch.randint(0, 4, (5,), generator=generator),
+                "iscrowd": (torch.rand(5, generator=generator) < 0.2).long(),
+            }
+        )
+    return preds, targets
+
+
+def assert_same_accumulator(ours: dict, rfdetrs: dict) -> None:
+    assert sorted(ours) == sorted(rfdetrs)
+    for class_id, entry in rfdetrs.items():
+        assert ours[class_id]["total_gt"] == entry["total_gt"]
+        for key in ("scores", "matches", "ignore"):
+            assert ours[class_id][key].dtype == entry[key].dtype
+            assert np.array_equal(ours[class_id][key], entry[key]), (class_id, key)
+
+
+def test_matching_in_workers_gives_rfdetrs_accumulator_array_for_array():
+    from rfdetr.evaluation.matching import build_matching_data, merge_matching_data
+    from rfdetr.training.callbacks import coco_eval
+
+    generator = torch.Generator().manual_seed(0)
+    batches = [batch(generator, 12) for _ in range(3)]
+    rfdetrs: dict = {}
+    for preds, targets in batches:
+        merge_matching_data(rfdetrs, build_matching_data(preds, targets))
+    assert sum(int(entry["matches"].sum()) for entry in rfdetrs.values()) > 20  # true matches to compare
+    assert sum(int(entry["ignore"].sum()) for entry in rfdetrs.values()) > 0  # crowd matches too
+
+    with matching_in_workers():
+        ours = coco_eval.init_matching_accumulator()
+        assert isinstance(ours, PendingAccumulator)
+        for preds, targets in batches:
+            coco_eval.merge_matching_data(ours, coco_eval.build_matching_data(preds, targets))
+        assert len(ours.pending) == 3 and not dict(ours)  # nothing matched on this process yet
+        settle(ours, merge_matching_data)  # what the accumulator's reader does first, in the batches' order
+    assert_same_accumulator(ours, rfdetrs)
+    assert coco_eval.build_matching_data is build_matching_data  # rfdetr's own again after the block
+
+
+def items_of_several_dtypes(device: str) -> list[dict]:
+    items = [
+        {"boxes": torch.rand(3, 4, dtype=torch.float64), "labels": torch.arange(3), "size": torch.tensor([4, 5])},
+        {"boxes": torch.rand(0, 4, dtype=torch.float64), "labels": torch.arange(0), "name": "not a tensor"},
+        {"boxes": torch.rand(2, 4).bfloat16(), "labels": torch.arange(2), "size": torch.tensor([[1], [2]])},
+    ]
+    return [{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in item.items()} for item in items]
+
+
+def test_host_tensors_are_handed_through_untouched():
+    items = items_of_several_dtypes("cpu")
+    moved = to_host_in_one_copy(items)
+    assert all(moved[i][key] is value for i, item in enumerate(items) for key, value in item.items())
+
+
+@pytest.mark.gpu
+def test_one_copy_per_dtype_keeps_every_tensors_values_dtype_and_shape():
+    items = items_of_several_dtypes("cuda")
+    moved = to_host_in_one_copy(items)
+    for before, after in zip(items, moved, strict=True):
+        assert before.keys() == after.keys()
+        for key, value in before.items():
+            if isinstance(value, torch.Tensor):
+                assert after[key].device.type == "cpu" and after[key].dtype == value.dtype
+                assert after[key].shape == value.shape and torch.equal(after[key], value.cpu())
+            else:
+                assert after[key] == value
+    float64_storages = {after["boxes"].untyped_storage().data_ptr() for after in moved[:2]}
+    assert len(float64_storages) == 1  # one copy for every float64 tensor of the batch
+
+
+@pytest.mark.slow
+def test_validation_metrics_equal_rfdetrs_with_the_validation_speedups(tmp_path):
+    """rfdetr's evaluation loop (the test loop of `evaluate()`: the same callback hooks as validation) on 48 tiny
+    images, stock and with both speedups: the COCO metric, the F1 accumulator and every returned number are equal.
+    An untrained model's boxes are empty, so every detection is a miss here; the test above has true matches."""
+    from rfdetr import RFDETRNano
+
+    from tests.helpers.tiny_coco import make_split
+
+    dataset = tmp_path / "tiny"
+    make_split(dataset, "val2017", 48, seed=3)
+
+    def evaluate(speedups: list[str]) -> tuple[dict, list, list]:
+        accumulators: list = []
+
+        def keep_accumulator(original):
+            def compute_and_log_f1_metrics(callback, trainer, module, split, f1_local):
+                result = original(callback, trainer, module, split, f1_local)
+                accumulators.append((type(f1_local), copy.deepcopy(dict(f1_local))))  # settled by now
+                return result
+
+            return compute_and_log_f1_metrics
+
+        torch.manual_seed(0)
+        model = RFDETRNano(pretrain_weights=None, resolution=64)
+        with (
+            applied(select_speedups(speedups or "none", CHECKED_RFDETR)),
+            patch_rfdetr(
+                "rfdetr.training.callbacks.coco_eval:COCOEvalCallback", "_compute_and_log_f1_metrics", keep_accumulator
+            ),
+            captured_coco_metrics() as computed,
+            tempfile.TemporaryDirectory() as scratch,
+        ):
+            returned = model.evaluate(
+                split="val",
+                dataset_file="coco",
+                dataset_dir=str(dataset),
+                output_dir=scratch,
+                batch_size=8,
+                eval_batch_size=8,
+                num_workers=0,
+                device="cpu",
+                progress_bar=None,
+                eval_max_dets=500,
+            )
+        return returned, computed, accumulators
+
+    stock_returned, stock_computed, stock_accumulators = evaluate([])
+    ours_returned, ours_computed, ours_accumulators = evaluate(SPEEDUPS)
+
+    assert stock_returned == ours_returned
+    assert len(stock_computed) == len(ours_computed) == 1
+    assert stock_computed[0].keys() == ours_computed[0].keys()
+    for key, value in stock_computed[0].items():
+        assert torch.equal(torch.as_tensor(value), torch.as_tensor(ours_computed[0][key])), key
+    assert len(stock_accumulators) == len(ours_accumulators) == 1
+    (stock_kind, stock_accumulator), (our_kind, our_accumulator) = stock_accumulators[0], ours_accumulators[0]
+    assert stock_kind is dict and our_kind is PendingAccumulator  # ours went through the workers
+    assert_same_accumulator(our_accumulator, stock_accumulator)
+    assert sum(len(entry["scores"]) for entry in stock_accumulator.values()) == 48 * 300  # every detection
+
+
+def test_without_cuda_state_the_workers_start_from_a_fork_server():
+    """The pool's workers are forked from a clean server process, never from the training process (which holds
+    CUDA state on a GPU)."""
+    pool = MatchingPool(workers=1)
+    try:
+        preds, targets = batch(torch.Generator().manual_seed(1), 2)
+        pool.submit(preds, targets, 0.5).result(timeout=120)
+        assert pool.executor is not None and pool.executor._mp_context.get_start_method() == "forkserver"
+    finally:
+        pool.close()
+    assert pool.executor is None
+
+
+def test_kept_validation_samples_equal_rfdetrs_at_every_epoch(tiny_dataset):
+    stock = rfdetr_datamodule(tiny_dataset, batch_size=2, workers=2)
+    expected = [on_device(stock, loaded) for loaded in stock.val_dataloader()]
+    module = rfdetr_datamodule(tiny_dataset, batch_size=2, workers=2)  # persistent workers, as in training
+    with validation_images_kept():
+        loader = module.val_dataloader()
+    assert type(module._dataset_val) is KeptCocoDetection
+    for _epoch in range(3):
+        batches = [on_device(module, loaded) for loaded in loader]
+        assert len(batches) == len(expected) == 2
+        for ours, theirs in zip(batches, expected, strict=True):
+            assert_same_batch(ours, theirs)
+
+
+def test_each_validation_sample_is_computed_once_and_handed_out_as_a_copy(tiny_dataset):
+    module = rfdetr_datamodule(tiny_dataset, batch_size=2)
+    with validation_images_kept():
+        loader = module.val_dataloader()
+    for _epoch in range(2):
+        list(loader)
+    dataset = module._dataset_val
+    assert sorted(dataset._kept_samples) == list(range(len(dataset)))
+    image, target = dataset[0]
+    image.zero_()
+    target["boxes"].zero_()
+    again_image, again_target = dataset[0]
+    assert again_image.abs().sum() > 0 and again_target["boxes"].abs().sum() > 0  # the kept sample is unchanged
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("score_dtype", [torch.float32, torch.bfloat16])
+def test_on_the_gpu_matching_host_copies_equals_rfdetrs_matching_of_gpu_tensors(score_dtype):
+    """rfdetr matches GPU tensors (its box IoU on the GPU); the speedups match host copies in the workers."""
+    from rfdetr.evaluation.matching import build_matching_data, merge_matching_data
+    from rfdetr.training.callbacks import coco_eval
+
+    generator = torch.Generator().manual_seed(2)
+    batches = []
+    for _ in range(4):
+        preds, targets = batch(generator, 32)
+        for pred in preds:
+            pred["scores"] = pred["scores"].to(score_dtype)
+        batches.append(([to_cuda(p) for p in preds], [to_cuda(t) for t in targets]))
+    rfdetrs: dict = {}
+    for preds, targets in batches:
+        merge_matching_data(rfdetrs, build_matching_data(preds, targets))
+    with matching_in_workers():
+        ours = coco_eval.init_matching_accumulator()
+        for preds, targets in batches:
+            coco_eval.merge_matching_data(
+                ours, coco_eval.build_matching_data(to_host_in_one_copy(preds), to_host_in_one_copy(targets))
+            )
+        settle(ours, merge_matching_data)
+    assert sum(int(entry["matches"].sum()) for entry in rfdetrs.values()) > 50
+    assert_same_accumulator(ours, rfdetrs)
+
+
+def to_cuda(item: dict) -> dict:
+    return {key: value.cuda() for key, value in item.items()}
