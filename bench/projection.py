@@ -1,13 +1,16 @@
 """The wall time of the 40-epoch COCO run, projected from one measured run of the train stage (`bench.compare`).
 
 usage: python -m bench.projection SUMMARY.json --run NAME --measured-val-images N [--cold-start-seconds S]
-           [--train-images 118287] [--val-images 5000] [--epochs 40] [--epochs-per-block 10]
+           [--validation VALIDATION.json] [--train-images 118287] [--val-images 5000] [--epochs 40]
+           [--epochs-per-block 10]
 
 From the run's epochs after the first: training images/s, and validation seconds per image (N images were
 validated each epoch); from its first epoch: the extra seconds a block's start costs (epoch-0 overhead and the first
 validation's extra time, with the compile caches that run had). A cold first block costs `--cold-start-seconds` more
-than that. Prints the inputs beside the result, as JSON. Arithmetic, not a COCO run: the loader's cost at COCO's
-image sizes is whatever the measured run's images cost.
+than that. `--validation` takes the validation time from a `bench.validation` run instead (its validations after
+the first, each of `--val-images` images: COCO's 5,000 measured as they are, rather than scaled from a smaller
+set, which also scales the fixed costs of each validation). Prints the inputs beside the result, as JSON.
+Arithmetic, not a COCO run: the loader's cost at COCO's image sizes is whatever the measured runs' images cost.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ def project(
     epochs: int = 40,
     epochs_per_block: int = 10,
     cold_start_seconds: float = 0.0,
+    validation: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The projected hours and the measured inputs they come from (see the module's text)."""
     later = run["records"][1:]
@@ -38,12 +42,20 @@ def project(
     val_per_image = sum(r["val_seconds"] for r in later) / (len(later) * measured_val_images)
     block_start = run["epoch0_overhead_seconds"] + run["first_validation_seconds"] - val_per_image * measured_val_images
     blocks = len(block_ranges(epochs, epochs_per_block))
-    epoch_seconds = train_images / steady + val_images * val_per_image
+    val_seconds = val_images * val_per_image
+    if validation is not None:
+        warm = validation["validations"][1:]
+        if not warm or any(record["images"] != val_images for record in warm):
+            raise ValueError(f"--validation needs validations after the first, each of {val_images} images")
+        val_seconds = sum(record["seconds"] for record in warm) / len(warm)
+    epoch_seconds = train_images / steady + val_seconds
     total = epochs * epoch_seconds + blocks * block_start + cold_start_seconds
     return {
         "inputs": {
             "steady_train_images_per_second": round(steady, 1),
             "validation_seconds_per_image": round(val_per_image, 5),
+            "validation_seconds": round(val_seconds, 2),
+            "validation_from": "bench.validation" if validation is not None else "the run, scaled per image",
             "block_start_extra_seconds": round(block_start, 1),
             "cold_start_seconds": cold_start_seconds,
             "train_images": train_images,
@@ -62,6 +74,7 @@ def main() -> None:
     parser.add_argument("--run", required=True, help="the run in it (its name in bench.compare)")
     parser.add_argument("--measured-val-images", required=True, type=int)
     parser.add_argument("--cold-start-seconds", type=float, default=0.0)
+    parser.add_argument("--validation", type=Path, help="a bench.validation output of --val-images images")
     parser.add_argument("--train-images", type=int, default=118_287)
     parser.add_argument("--val-images", type=int, default=5_000)
     parser.add_argument("--epochs", type=int, default=40)
@@ -75,6 +88,7 @@ def main() -> None:
         args.epochs,
         args.epochs_per_block,
         args.cold_start_seconds,
+        read_json(args.validation) if args.validation else None,
     )
     print(json.dumps(result, indent=1))
 

@@ -1,7 +1,7 @@
 """Where the train stage's validation spends its time, phase by phase, on the GPU it runs on.
 
 usage: python -m bench.validation --dataset DIR --out FILE.json [--epochs 3] [--speedups all|none|NAME,...|all,-NAME]
-           [--workers 16] [--profile auto|NAME] [--state DIR]
+           [--workers 16] [--profile auto|NAME] [--eager] [--state DIR]
 
 Trains `--epochs` epochs through the train stage's own rfdetr call (`scripts.train.run_rfdetr`: config.yaml's
 recipe and GPU profile, the selected speedups), so validation runs exactly as in a workflow run. Use a set with few
@@ -151,6 +151,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=16)
     parser.add_argument("--profile", default="auto", help="a gpu_profiles row of config.yaml, or auto")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: to try the tool out")
+    parser.add_argument("--eager", action="store_true", help="the profile without compile and CUDA graphs")
     parser.add_argument("--state", type=Path, help="rfdetr's output folder (default: beside --out)")
     args = parser.parse_args()
 
@@ -164,6 +165,8 @@ def main() -> None:
     profile, reason = settle_profile(
         profile, reason, device, train, static_graphs="static_cuda_graphs" in speedups.names(), val_images=val_images
     )
+    if args.eager:  # no compile: minutes less per run, the same validation code around the model
+        profile = {**profile, "compile": False, "cuda_graphs": False, "name": f"{profile['name']}-eager"}
     recipe = recipe_of(train, profile, version)
     state_dir = args.state or args.out.parent / f"{args.out.stem}-state"
     state_dir.mkdir(parents=True, exist_ok=True)

@@ -128,12 +128,6 @@ SPEEDUPS: tuple[Speedup, ...] = (
         "tests/test_padding_in_one_copy.py::test_the_padding_equals_pad_sequences",
     ),
     _patch(
-        "validation_images_kept",
-        ("rfdetr.training.module_data:RFDETRDataModule.val_dataloader",),
-        "each validation image is decoded and resized once per run; later validations get copies (RAM: 1.8 MB each)",
-        "tests/test_validation_metrics.py::test_kept_validation_samples_equal_rfdetrs_at_every_epoch",
-    ),
-    _patch(
         "metric_inputs_in_one_copy",
         (
             "rfdetr.training.callbacks.coco_eval:COCOEvalCallback._convert_preds",

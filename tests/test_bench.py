@@ -191,6 +191,12 @@ def test_the_projection_adds_epochs_at_the_measured_rates_and_each_blocks_start(
     assert result["epoch_seconds"] == 40.0  # 2000 / 100 + 200 x 0.1
     assert result["projected_hours"] == round((4 * 40 + 2 * 120) / 3600, 2)
 
+    validated = {"validations": [{"images": 200, "seconds": 90.0}, {"images": 200, "seconds": 4.0}]}
+    direct = project(measured, 100, 2000, 200, 4, 2, validation=validated)
+    assert direct["inputs"]["validation_seconds"] == 4.0 and direct["epoch_seconds"] == 24.0  # 2000 / 100 + 4
+    with pytest.raises(ValueError, match="each of 200 images"):
+        project(measured, 100, 2000, 200, 4, 2, validation={"validations": [{"images": 500, "seconds": 1.0}] * 2})
+
 
 @pytest.mark.parametrize(("detail", "low_kb", "high_kb"), [("photo", 55, 90), ("coco", 135, 190)])
 def test_the_synthetic_set_has_the_byte_size_its_detail_promises(tmp_path, detail, low_kb, high_kb):

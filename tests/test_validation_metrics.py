@@ -1,5 +1,4 @@
-"""The validation speedups give rfdetr's batches and metrics: `validation_images_kept`, `metric_inputs_in_one_copy`
-and `matching_in_workers`.
+"""The validation speedups `metric_inputs_in_one_copy` and `matching_in_workers` give rfdetr's metrics.
 
 The first test feeds rfdetr's matching directly, three batches with many true and false matches, crowd boxes and
 tied scores; the second runs rfdetr's real evaluation loop on the tiny set with and without both speedups.
@@ -18,11 +17,9 @@ from rfdetr_extensions import CHECKED_RFDETR, applied, select_speedups
 from rfdetr_extensions.evaluation import captured_coco_metrics
 from rfdetr_extensions.patches.matching_in_workers import MatchingPool, PendingAccumulator, matching_in_workers, settle
 from rfdetr_extensions.patches.metric_inputs_in_one_copy import to_host_in_one_copy
-from rfdetr_extensions.patches.validation_images_kept import KeptCocoDetection, validation_images_kept
 from rfdetr_extensions.patching import patch_rfdetr
-from tests.helpers.rfdetr_steps import assert_same_batch, on_device, rfdetr_datamodule
 
-SPEEDUPS = ["validation_images_kept", "metric_inputs_in_one_copy", "matching_in_workers"]
+SPEEDUPS = ["metric_inputs_in_one_copy", "matching_in_workers"]
 
 
 def batch(generator: torch.Generator, images: int) -> tuple[list[dict], list[dict]]:
@@ -181,35 +178,6 @@ def test_without_cuda_state_the_workers_start_from_a_fork_server():
     finally:
         pool.close()
     assert pool.executor is None
-
-
-def test_kept_validation_samples_equal_rfdetrs_at_every_epoch(tiny_dataset):
-    stock = rfdetr_datamodule(tiny_dataset, batch_size=2, workers=2)
-    expected = [on_device(stock, loaded) for loaded in stock.val_dataloader()]
-    module = rfdetr_datamodule(tiny_dataset, batch_size=2, workers=2)  # persistent workers, as in training
-    with validation_images_kept():
-        loader = module.val_dataloader()
-    assert type(module._dataset_val) is KeptCocoDetection
-    for _epoch in range(3):
-        batches = [on_device(module, loaded) for loaded in loader]
-        assert len(batches) == len(expected) == 2
-        for ours, theirs in zip(batches, expected, strict=True):
-            assert_same_batch(ours, theirs)
-
-
-def test_each_validation_sample_is_computed_once_and_handed_out_as_a_copy(tiny_dataset):
-    module = rfdetr_datamodule(tiny_dataset, batch_size=2)
-    with validation_images_kept():
-        loader = module.val_dataloader()
-    for _epoch in range(2):
-        list(loader)
-    dataset = module._dataset_val
-    assert sorted(dataset._kept_samples) == list(range(len(dataset)))
-    image, target = dataset[0]
-    image.zero_()
-    target["boxes"].zero_()
-    again_image, again_target = dataset[0]
-    assert again_image.abs().sum() > 0 and again_target["boxes"].abs().sum() > 0  # the kept sample is unchanged
 
 
 @pytest.mark.gpu

@@ -2,8 +2,8 @@
 
 rfdetr 1.11.2's `COCOEvalCallback` matches every validation batch's detections to its ground truth for the F1
 sweep (`rfdetr.evaluation.matching.build_matching_data`: per image and class, a greedy match in Python) inside
-`on_validation_batch_end`, on the training process's one thread, while the GPU and the loader wait for it. On the
-H200 that was the largest part of validation (`bench.validation`: about 1.8 ms an image).
+`on_validation_batch_end`, on the training process's one thread, while the GPU and the loader wait for it: the
+largest part of validation on the H200 (`bench.validation`, BENCHMARKS.md).
 
 Within this block the callback's module-level `build_matching_data` hands the batch to a pool of worker processes
 (`WORKERS`, started from a fork server, so they hold no CUDA state) and returns at once; `merge_matching_data`
@@ -27,7 +27,7 @@ from typing import Any
 from rfdetr_extensions.patching import patch_rfdetr
 
 CALLBACK_MODULE = "rfdetr.training.callbacks.coco_eval"
-WORKERS = 4  # a batch of 125 takes a worker about 4 batches' time on the GPU: four keep up
+WORKERS = 4  # processes; they share the cores with the loader's workers, so a few
 
 
 class PendingAccumulator(dict):
