@@ -19,6 +19,7 @@ shut down when the block ends. Shown by `tests/test_validation_metrics.py`.
 from __future__ import annotations
 
 import multiprocessing
+import os
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import contextmanager
@@ -27,7 +28,8 @@ from typing import Any
 from rfdetr_extensions.patching import patch_rfdetr
 
 CALLBACK_MODULE = "rfdetr.training.callbacks.coco_eval"
-WORKERS = 4  # processes; they share the cores with the loader's workers, so a few
+# processes: a few, as they share the cores with the loader's workers (one on a machine of up to 7 cores)
+WORKERS = min(4, max(1, len(os.sched_getaffinity(0)) // 4))
 
 
 class PendingAccumulator(dict):
@@ -64,6 +66,8 @@ class MatchingPool:
     def submit(self, preds: list[dict[str, Any]], targets: list[dict[str, Any]], iou_threshold: float) -> Future:
         if self.executor is None:
             context = multiprocessing.get_context("forkserver")
+            # the server imports rfdetr's matching once; each worker forks from it with the import done
+            context.set_forkserver_preload(["rfdetr.evaluation.matching"])
             self.executor = ProcessPoolExecutor(self.workers, mp_context=context)
         return self.executor.submit(match_on_host, (host_copies(preds), host_copies(targets)), iou_threshold)
 
