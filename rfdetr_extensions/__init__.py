@@ -15,7 +15,7 @@ The speedups were checked against rfdetr `CHECKED_RFDETR` only: they reach into 
 may change. `select_speedups` is the one place that decides, from the installed version, what is applied.
 
 `python -m rfdetr_extensions` prints the registry as the Markdown table in README.md
-(`tests/test_rfdetr_extensions.py` checks that they agree).
+(`tests/test_rfdetr_extensions.py::test_the_readme_shows_the_registry` checks that they agree).
 """
 
 from __future__ import annotations
@@ -278,7 +278,12 @@ def select_speedups(
 
 @contextmanager
 def applied(selection: Selection, options: SpeedupOptions | None = None) -> Iterator[list[Any]]:
-    """Within this block the selected patches are in place; yields the selected callbacks, to add to the Trainer."""
+    """Within this block the selected patches are in place; yields the selected callbacks, to add to the Trainer.
+
+    Afterwards rfdetr's own code is back, also after an error. Shown by
+    `tests/test_rfdetr_extensions.py::test_rfdetrs_code_is_replaced_inside_the_block_and_restored_after` and
+    `tests/test_rfdetr_extensions.py::test_every_speedup_can_be_applied_alone`.
+    """
     options = options or SpeedupOptions()
     callbacks: list[Any] = []
     with ExitStack() as patches:

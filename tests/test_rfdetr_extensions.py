@@ -24,6 +24,7 @@ from rfdetr_extensions import (
     markdown_table,
     select_speedups,
 )
+from rfdetr_extensions.patching import installed_rfdetr
 from rfdetr_extensions.trainer_hook import extra_callbacks
 
 REPO = Path(__file__).resolve().parents[1]
@@ -110,6 +111,13 @@ def test_none_applies_nothing_and_unknown_names_are_refused():
         select_speedups(["gc_freeze", "fastest"], CHECKED_RFDETR)
     with pytest.raises(SpeedupError, match="'some'"):
         select_speedups("some", CHECKED_RFDETR)
+
+
+def test_the_install_pins_the_checked_rfdetr_and_it_is_the_one_this_python_imports():
+    install = (REPO / "pyproject.toml").read_text() + (REPO / "envs" / "pipeline.yaml").read_text()
+    pins = re.findall(r"rfdetr(?:\[[\w,]+\])?==([\w.]+)", install)
+    assert len(pins) >= 3 and set(pins) == {CHECKED_RFDETR}, pins  # the dependency, the onnx extra, conda's
+    assert installed_rfdetr() == CHECKED_RFDETR
 
 
 def test_the_trainer_hook_adds_callbacks_inside_the_block_only():
