@@ -1,14 +1,19 @@
 """What the documentation points at exists: every test that README.md, the speedup registry and the docstrings of
 the workflow's Python (scripts/, pipeline/, rfdetr_extensions/, bench/) name is a test file in tests/ and, where a
-function is named, a test function defined in it (parametrized where a parameter is named)."""
+function is named, a test function defined in it (parametrized where a parameter is named); and README's Layout
+draws every top-level entry git tracks, and only paths that exist."""
 
 from __future__ import annotations
 
 import ast
 import functools
 import re
+import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from rfdetr_extensions import SPEEDUPS
 from tests.helpers.workflow import REPO
@@ -72,3 +77,31 @@ def test_every_test_the_docs_name_exists():
         elif parameter and not is_parametrized(functions[name]):
             broken.append(f"{where}: {match[0]}: {name} is not parametrized")
     assert broken == [], "\n".join(broken)
+
+
+def layout_paths() -> list[str]:
+    """The path each line of README's Layout tree names (an indented line's under the last unindented one)."""
+    section = README.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+    tree = re.search(r"```\n(.*?)```", section, re.S)[1]
+    paths, parent = [], ""
+    for line in tree.splitlines():
+        name = line.split()[0]
+        if line.startswith(" "):
+            paths.append(f"{parent.rstrip('/')}/{name}")
+        else:
+            paths.append(name)
+            parent = name
+    return paths
+
+
+def test_the_layout_draws_every_top_level_entry_git_tracks_and_only_paths_that_exist():
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("not a git checkout: git ls-files cannot say what is tracked")
+    listed = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    tracked = {path.split("/", 1)[0] for path in listed.splitlines()}
+    paths = layout_paths()
+    drawn = {path.split("/", 1)[0] for path in paths}
+    assert tracked - drawn == set(), f"README's Layout does not draw {sorted(tracked - drawn)}"
+    assert drawn - tracked == set(), f"README's Layout draws {sorted(drawn - tracked)}, which git does not track"
+    concrete = [path for path in paths if "<" not in path]  # rules/<stage>.smk and kin stand for several
+    assert [path for path in concrete if not (REPO / path).exists()] == []
