@@ -1,4 +1,9 @@
-"""Helpers every stage shares: logging, user-facing errors, byte formatting, atomic JSON files, the job's config."""
+"""Helpers every stage shares: logging, user-facing errors, byte formatting, atomic JSON files, the job's config.
+
+Shown by `tests/test_common.py::test_a_stage_error_ends_the_stage_with_its_message_and_no_traceback`,
+`tests/test_common.py::test_a_json_write_that_fails_leaves_the_previous_file_whole_and_nothing_beside_it` and
+`tests/test_common.py::test_a_stage_run_by_hand_says_the_workflow_runs_it`.
+"""
 
 from __future__ import annotations
 
@@ -54,14 +59,18 @@ def where_this_runs() -> dict[str, str | None]:
 
 
 def write_json(path: str | os.PathLike[str], data: Any) -> None:
-    """Write JSON atomically: a reader never sees a half-written file."""
+    """Write JSON atomically: a reader never sees a half-written file, and a write that fails leaves the previous file
+    as it was and no temporary file beside it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as handle:
-        json.dump(data, handle, indent=2, sort_keys=True)
-        handle.write("\n")
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as handle:
+            json.dump(data, handle, indent=2, sort_keys=True)
+            handle.write("\n")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def read_json(path: str | os.PathLike[str]) -> Any:

@@ -15,13 +15,14 @@ The speedups were checked against rfdetr `CHECKED_RFDETR` only: they reach into 
 may change. `select_speedups` is the one place that decides, from the installed version, what is applied.
 
 `python -m rfdetr_extensions` prints the registry as the Markdown table in README.md
-(`tests/test_rfdetr_extensions.py` checks that they agree).
+(`tests/test_rfdetr_extensions.py::test_the_readme_shows_the_registry` checks that they agree).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import pkgutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -36,7 +37,8 @@ class Speedup:
     `entry` is "module:attribute": for kind "patch" a function that returns a context manager (taking the
     `SpeedupOptions` fields named in `options` as keyword arguments), for kind "callback" a Lightning callback class
     constructed without arguments. A patch's `replaces` entries are "module:attribute" or "module:Class.attribute"
-    paths of what it swaps; a callback's say in words what it changes.
+    paths of what it swaps; a callback's say in words what it changes. `needs` names the modules it cannot work
+    without: where one does not import, `select_speedups` leaves it off (`auto`) or refuses (`all`, a list).
     """
 
     name: str
@@ -46,13 +48,21 @@ class Speedup:
     effect: str
     test: str
     options: tuple[str, ...] = ()
+    needs: tuple[str, ...] = ()
 
     def load(self) -> Any:
         return pkgutil.resolve_name(self.entry)
 
 
-def _patch(name: str, replaces: tuple[str, ...], effect: str, test: str, options: tuple[str, ...] = ()) -> Speedup:
-    return Speedup(name, "patch", f"rfdetr_extensions.patches.{name}:{name}", replaces, effect, test, options)
+def _patch(
+    name: str,
+    replaces: tuple[str, ...],
+    effect: str,
+    test: str,
+    options: tuple[str, ...] = (),
+    needs: tuple[str, ...] = (),
+) -> Speedup:
+    return Speedup(name, "patch", f"rfdetr_extensions.patches.{name}:{name}", replaces, effect, test, options, needs)
 
 
 def _callback(name: str, cls: str, replaces: str, effect: str, test: str) -> Speedup:
@@ -120,6 +130,7 @@ SPEEDUPS: tuple[Speedup, ...] = (
         ("rfdetr.models.ops.functions.ms_deform_attn_func:_bilinear_grid_sample",),
         "the decoder's bilinear sampling runs as Triton kernels on CUDA (needs Triton)",
         "tests/test_deformable_sampling.py::test_in_tritons_interpreter_the_kernels_give_grid_samples_values_and_gradients",
+        needs=("triton",),
     ),
     _patch(
         "padding_in_one_copy",
@@ -202,12 +213,27 @@ class Selection:
         return lines
 
 
-def select_speedups(setting: str | Sequence[str], rfdetr_version: str) -> Selection:
-    """The speedups `setting` (train.speedups) asks for, given the installed rfdetr's version.
+def missing_modules() -> frozenset[str]:
+    """The modules some speedup `needs` that this interpreter cannot import (looked up without importing them)."""
+    return frozenset(
+        module for speedup in SPEEDUPS for module in speedup.needs if importlib.util.find_spec(module) is None
+    )
+
+
+def select_speedups(
+    setting: str | Sequence[str], rfdetr_version: str, missing: Collection[str] | None = None
+) -> Selection:
+    """The speedups `setting` (train.speedups) asks for, given the installed rfdetr's version and `missing`, the
+    modules that do not import here (None: `missing_modules()`).
 
     `auto` applies every speedup with the rfdetr version they were checked against, and none with another (training
-    is then stock rfdetr's). `all`, or a list of names, refuses another version with `SpeedupError`; `none` applies
-    nothing. Shown by `tests/test_rfdetr_extensions.py`.
+    is then stock rfdetr's); a speedup whose `needs` are missing (deformable_sampling without Triton) it leaves off,
+    saying why. `all`, or a list of names, refuses another version, and a named speedup whose `needs` are missing,
+    with `SpeedupError`: it trains with every speedup it asks for or not at all. `none` applies nothing. Shown by
+    `tests/test_rfdetr_extensions.py::test_auto_applies_everything_with_the_checked_rfdetr_and_nothing_with_another_saying_why`,
+    `tests/test_rfdetr_extensions.py::test_asking_for_speedups_by_name_or_all_refuses_another_rfdetr_with_what_to_do`,
+    `tests/test_rfdetr_extensions.py::test_without_triton_auto_leaves_deformable_sampling_off_and_all_refuses`,
+    `tests/test_rfdetr_extensions.py::test_none_applies_nothing_and_unknown_names_are_refused`.
     """
     if isinstance(setting, str) and setting not in SETTINGS:
         raise SpeedupError(f"train.speedups: {setting!r} is not one of {', '.join(SETTINGS)} or a list of names")
@@ -215,26 +241,49 @@ def select_speedups(setting: str | Sequence[str], rfdetr_version: str) -> Select
     unknown = [name for name in wanted if name not in NAMES]
     if unknown:
         raise SpeedupError(f"train.speedups: unknown speedup(s) {', '.join(unknown)} (known: {', '.join(NAMES)})")
+    asked = "every speedup" if setting == "all" else ", ".join(wanted)
     if wanted and rfdetr_version != CHECKED_RFDETR:
         if setting != "auto":
             raise SpeedupError(
-                f"train.speedups asks for {'every speedup' if setting == 'all' else ', '.join(wanted)}, which were "
-                f"checked against rfdetr {CHECKED_RFDETR}, but rfdetr {rfdetr_version} is installed. Install "
-                f"rfdetr=={CHECKED_RFDETR} (pip install -e . does), or set train.speedups: auto to train with stock "
-                "rfdetr."
+                f"train.speedups asks for {asked}, which were checked against rfdetr {CHECKED_RFDETR}, but rfdetr "
+                f"{rfdetr_version} is installed. Install rfdetr=={CHECKED_RFDETR} (pip install -e . does), or set "
+                "train.speedups: auto to train with stock rfdetr."
             )
         reason = f"checked against rfdetr {CHECKED_RFDETR}, but rfdetr {rfdetr_version} is installed"
         return Selection((), tuple((speedup, reason) for speedup in SPEEDUPS))
+    missing = missing_modules() if missing is None else frozenset(missing)
+    absent = {
+        speedup.name: [module for module in speedup.needs if module in missing]
+        for speedup in SPEEDUPS
+        if speedup.name in wanted and missing.intersection(speedup.needs)
+    }
+    lacking = {name: f"needs {', '.join(modules)}, which this Python cannot import" for name, modules in absent.items()}
+    if lacking and setting != "auto":
+        modules = sorted({module for found in absent.values() for module in found})
+        raise SpeedupError(
+            f"train.speedups asks for {asked}, but {'; '.join(f'{name} {why}' for name, why in lacking.items())}. "
+            f"Install it (pip install {' '.join(modules)}), or set train.speedups: auto, which leaves "
+            f"{', '.join(lacking)} off and says so in the log."
+        )
     why_off = "train.speedups: none" if setting == "none" else "not named in train.speedups"
     return Selection(
-        tuple(speedup for speedup in SPEEDUPS if speedup.name in wanted),
-        tuple((speedup, why_off) for speedup in SPEEDUPS if speedup.name not in wanted),
+        tuple(speedup for speedup in SPEEDUPS if speedup.name in wanted and speedup.name not in lacking),
+        tuple(
+            (speedup, lacking.get(speedup.name, why_off))
+            for speedup in SPEEDUPS
+            if speedup.name not in wanted or speedup.name in lacking
+        ),
     )
 
 
 @contextmanager
 def applied(selection: Selection, options: SpeedupOptions | None = None) -> Iterator[list[Any]]:
-    """Within this block the selected patches are in place; yields the selected callbacks, to add to the Trainer."""
+    """Within this block the selected patches are in place; yields the selected callbacks, to add to the Trainer.
+
+    Afterwards rfdetr's own code is back, also after an error. Shown by
+    `tests/test_rfdetr_extensions.py::test_rfdetrs_code_is_replaced_inside_the_block_and_restored_after` and
+    `tests/test_rfdetr_extensions.py::test_every_speedup_can_be_applied_alone`.
+    """
     options = options or SpeedupOptions()
     callbacks: list[Any] = []
     with ExitStack() as patches:

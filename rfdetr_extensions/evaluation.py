@@ -4,7 +4,9 @@ rfdetr 1.11.2's `evaluate()` returns mAP@50:95, @50, @75, mAR and the per-class 
 (`COCOEvalCallback._compute_map_metric`, torchmetrics' `MeanAveragePrecision` over rfdetr's COCO backend) holds more:
 AP for small, medium and large objects and AR at 1, 10 and 100 detections. `captured_coco_metrics()` wraps that one
 method inside a `with` block and keeps every dictionary it returns, unchanged, so the evaluate stage reports
-rfdetr's own numbers rather than computing them again. Shown by `tests/test_evaluate_export.py`.
+rfdetr's own numbers rather than computing them again. Shown by
+`tests/test_pipeline.py::test_the_evaluation_is_rfdetrs_coco_summary_and_per_class_ap_of_the_best_weights` (the AP
+it keeps is the one rfdetr's `evaluate()` returns).
 """
 
 from __future__ import annotations

@@ -14,7 +14,10 @@ from typing import Any
 
 
 def installed_rfdetr() -> str:
-    """The version of the rfdetr package this interpreter imports."""
+    """The version of the rfdetr package this interpreter imports: what `select_speedups` compares with
+    `CHECKED_RFDETR`. Shown by
+    `tests/test_rfdetr_extensions.py::test_the_install_pins_the_checked_rfdetr_and_it_is_the_one_this_python_imports`.
+    """
     return importlib.metadata.version("rfdetr")
 
 
@@ -36,7 +39,10 @@ def patch_rfdetr(owner: str, name: str, wrap: Callable[[Any], Any]) -> Iterator[
 
 def send_without_waiting(host: Any, device: Any) -> Any:
     """`host` (a CPU tensor) on `device`. To a GPU it goes from pinned memory without blocking, so the host does not
-    wait for the work already queued there; the tensor must not be changed afterwards."""
+    wait for the work already queued there; the tensor must not be changed afterwards. Shown on a GPU (torch's sync
+    debug mode set to error) by
+    `tests/test_padding_in_one_copy.py::test_on_the_gpu_the_padding_equals_pad_sequences_and_nothing_waits` and
+    `tests/test_images_as_bytes.py::test_on_the_gpu_the_floats_equal_rfdetrs_and_nothing_waits`."""
     if str(device).startswith("cuda"):
         host = host.pin_memory()
     return host.to(device, non_blocking=True)

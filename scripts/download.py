@@ -1,7 +1,14 @@
 """Download one archive: free-disk check, HTTP Range resume, bounded retries with back-off, MD5 check.
 
 The bytes go to `<output>.part`, which is not a declared output, so it survives a failed or killed
-job and the next try resumes it. The archive appears under its final name only once its MD5 matches.
+job and the next try resumes it. The archive appears under its final name only once its MD5 matches. Shown by
+`tests/test_download.py::test_download_writes_the_archive_once_its_md5_matches`,
+`tests/test_download.py::test_a_dropped_connection_is_resumed_with_a_range_request`,
+`tests/test_download.py::test_a_partial_file_left_by_a_killed_job_is_resumed`,
+`tests/test_download.py::test_http_500_is_retried_a_bounded_number_of_times_then_reported`,
+`tests/test_download.py::test_corrupt_content_is_an_md5_error_naming_the_file_and_both_sums`,
+`tests/test_download.py::test_not_enough_disk_is_refused_before_any_byte_is_fetched`
+and, through snakemake, the download rows of README's fault table (`tests/test_faults.py`).
 """
 
 from __future__ import annotations

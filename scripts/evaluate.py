@@ -9,6 +9,8 @@ keeps up to 500), on the GPU when the run trained on one, with the run's GPU pro
 - `metrics.json`: AP, AP50, AP75, AP small/medium/large, AR@1/10/100, as rfdetr's metric computed them;
 - `per_class.csv`: AP@50:95 per COCO category present in val2017;
 - a figure of the per-class APs.
+
+Shown by `tests/test_pipeline.py::test_the_evaluation_is_rfdetrs_coco_summary_and_per_class_ap_of_the_best_weights`.
 """
 
 from __future__ import annotations

@@ -3,7 +3,9 @@
 The weights are the last block's `best.pth` (what the evaluate stage scores). Each format of `export.formats` is
 written to `<results>/export/model.<format>`; ONNX is a static graph of batch 1 at the training resolution, inputs
 normalised as for training (ImageNet mean and std), outputs `dets` (boxes, cxcywh relative) and `labels` (class
-logits). `tests/test_evaluate_export.py` runs the ONNX model with onnxruntime and compares it with the PyTorch model.
+logits). Shown by `tests/test_pipeline.py::test_the_exported_onnx_model_gives_the_pytorch_models_boxes_and_scores`
+(onnxruntime against the PyTorch model of the same weights) and
+`tests/test_pipeline.py::test_without_the_onnx_extra_the_export_stops_naming_it`.
 """
 
 from __future__ import annotations

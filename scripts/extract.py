@@ -2,7 +2,11 @@
 
 The archive unpacks into a hidden scratch folder beside the target and is moved into place only
 when complete, so a killed or failed extraction never leaves a half-filled folder that looks done;
-the next run clears the scratch folder and starts over.
+the next run clears the scratch folder and starts over. Shown by
+`tests/test_extract.py::test_extraction_yields_the_folder_with_every_member`,
+`tests/test_extract.py::test_a_rerun_after_a_killed_extraction_starts_clean`,
+`tests/test_extract.py::test_members_that_would_land_outside_the_target_are_refused`,
+`tests/test_extract.py::test_a_truncated_archive_is_reported_with_what_to_do`.
 """
 
 from __future__ import annotations

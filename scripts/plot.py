@@ -1,6 +1,8 @@
 """Join the blocks' metrics into one metrics.csv, plot loss and mAP (rfdetr's own plotting helpers), write a short
 text summary (best mAP, its epoch, training images/s), and the report's pages: the per-epoch table and the run's GPU
-profile, speedups and software versions. Epochs count from 0 everywhere, as in rfdetr's metrics.csv."""
+profile, speedups and software versions. Epochs count from 0 everywhere, as in rfdetr's metrics.csv. Shown by
+`tests/test_pipeline.py::test_metrics_have_train_and_val_rows_for_every_epoch_and_the_plots_are_pngs`,
+`tests/test_pipeline.py::test_the_report_shows_the_epochs_the_evaluation_the_run_and_the_figures_in_a_browser`."""
 
 from __future__ import annotations
 

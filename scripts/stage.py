@@ -5,7 +5,12 @@ by a reboot, so a staged copy made by another job could be missing. The copy is 
 (`pipeline.dataset.copy_name`), so runs on the same data share it and runs on other data leave it alone; a complete
 copy carries a marker and is reused. When the RAM disk lacks room, copies of this workflow that no run reads any
 more are removed first (`pipeline.dataset.CopyUsers`). A reboot costs a re-stage, never a re-download: the disk
-copy stays where it is.
+copy stays where it is. Shown by
+`tests/test_stage.py::test_the_dataset_is_copied_to_the_ramdisk_and_reused`,
+`tests/test_stage.py::test_a_copy_emptied_by_a_reboot_or_left_half_made_is_staged_again`,
+`tests/test_stage.py::test_a_ramdisk_too_small_falls_back_to_the_disk_copy_and_says_so`,
+`tests/test_stage.py::test_copies_are_named_by_their_data_so_other_data_never_replaces_a_copy_in_use`,
+`tests/test_stage.py::test_a_copy_another_process_reads_is_kept_and_removed_once_it_is_done`.
 """
 
 from __future__ import annotations

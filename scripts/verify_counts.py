@@ -3,7 +3,13 @@
 Checks, per split: the image count matches the config, the annotation file exists and parses, every
 annotated image exists, no image file is missing from the annotations (verify.unlisted_images: error or warn), and
 (optionally) every image decodes. The report gives, per split, the image files, the images the annotations list
-(and how many of those have no annotation, as some of COCO's own do), and the files they do not list.
+(and how many of those have no annotation, as some of COCO's own do), and the files they do not list. Shown by
+`tests/test_verify_counts.py::test_a_complete_dataset_passes_and_is_reported`,
+`tests/test_verify_counts.py::test_a_count_off_by_one_names_the_split_both_counts_and_the_fix`,
+`tests/test_verify_counts.py::test_an_annotated_image_that_is_missing_is_named`,
+`tests/test_verify_counts.py::test_a_corrupt_jpeg_is_caught_by_decoding`,
+`tests/test_verify_counts.py::test_image_files_the_annotations_do_not_list_stop_the_run_or_are_reported_with_warn`,
+`tests/test_verify_counts.py::test_images_listed_without_annotations_are_counted_and_fine`.
 """
 
 from __future__ import annotations

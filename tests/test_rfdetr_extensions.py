@@ -9,6 +9,7 @@ import json
 import logging
 import pkgutil
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ from rfdetr_extensions import (
     markdown_table,
     select_speedups,
 )
+from rfdetr_extensions.patching import installed_rfdetr
 from rfdetr_extensions.trainer_hook import extra_callbacks
 
 REPO = Path(__file__).resolve().parents[1]
@@ -69,7 +71,7 @@ def test_every_speedup_can_be_applied_alone(name):
 
 
 def test_auto_applies_everything_with_the_checked_rfdetr_and_nothing_with_another_saying_why():
-    assert select_speedups("auto", CHECKED_RFDETR).names() == list(NAMES)
+    assert select_speedups("auto", CHECKED_RFDETR, missing=()).names() == list(NAMES)
     other = select_speedups("auto", "1.12.0")
     assert other.applied == () and len(other.left_off) == len(NAMES)
     report = other.report()
@@ -85,7 +87,21 @@ def test_asking_for_speedups_by_name_or_all_refuses_another_rfdetr_with_what_to_
     with pytest.raises(SpeedupError, match=rf"rfdetr 1\.12\.0 is installed\. Install rfdetr=={CHECKED_RFDETR}"):
         select_speedups(setting, "1.12.0")
     expected = list(NAMES) if setting == "all" else ["deformable_sampling", "gc_freeze"]  # in the registry's order
-    assert select_speedups(setting, CHECKED_RFDETR).names() == expected
+    assert select_speedups(setting, CHECKED_RFDETR, missing=()).names() == expected
+
+
+def test_without_triton_auto_leaves_deformable_sampling_off_and_all_refuses(monkeypatch):
+    monkeypatch.setitem(sys.modules, "triton", None)  # as in a Python where triton does not import
+    auto = select_speedups("auto", CHECKED_RFDETR)
+    assert auto.names() == [name for name in NAMES if name != "deformable_sampling"]
+    assert "Speedup left off: deformable_sampling: needs triton, which this Python cannot import" in auto.report()
+    for setting in ("all", ["gc_freeze", "deformable_sampling"]):
+        with pytest.raises(SpeedupError, match=r"deformable_sampling needs triton.*pip install triton.*speedups: auto"):
+            select_speedups(setting, CHECKED_RFDETR)
+    assert select_speedups(["gc_freeze"], CHECKED_RFDETR).names() == ["gc_freeze"]
+    # where triton imports, all and a list naming deformable_sampling apply it
+    assert select_speedups("all", CHECKED_RFDETR, missing=()).names() == list(NAMES)
+    assert select_speedups(["deformable_sampling"], CHECKED_RFDETR, missing=()).names() == ["deformable_sampling"]
 
 
 def test_none_applies_nothing_and_unknown_names_are_refused():
@@ -95,6 +111,13 @@ def test_none_applies_nothing_and_unknown_names_are_refused():
         select_speedups(["gc_freeze", "fastest"], CHECKED_RFDETR)
     with pytest.raises(SpeedupError, match="'some'"):
         select_speedups("some", CHECKED_RFDETR)
+
+
+def test_the_install_pins_the_checked_rfdetr_and_it_is_the_one_this_python_imports():
+    install = (REPO / "pyproject.toml").read_text() + (REPO / "envs" / "pipeline.yaml").read_text()
+    pins = re.findall(r"rfdetr(?:\[[\w,]+\])?==([\w.]+)", install)
+    assert len(pins) >= 3 and set(pins) == {CHECKED_RFDETR}, pins  # the dependency, the onnx extra, conda's
+    assert installed_rfdetr() == CHECKED_RFDETR
 
 
 def test_the_trainer_hook_adds_callbacks_inside_the_block_only():

@@ -11,8 +11,9 @@ This replaces rfdetr's private `_bilinear_grid_sample`, as imported by its defor
 (`rfdetr.models.ops.functions.ms_deform_attn_func`), with a custom operator for the CUDA case: the same arithmetic
 (PyTorch's `grid_sampler_2d` formulas), with the 16 channels of a pixel next to each other, so the atomic additions
 of neighbouring threads land in the same cache line. The operator is registered with `torch.library`, so
-`torch.compile` keeps it inside the compiled graph and CUDA graphs can record it. Other devices keep rfdetr's code;
-without Triton nothing is replaced and the log says so.
+`torch.compile` keeps it inside the compiled graph and CUDA graphs can record it. Other devices keep rfdetr's code.
+It needs Triton (the registry's `needs`): where triton does not import, `train.speedups: auto` leaves it off and
+`all`, or a list naming it, refuses to train (`select_speedups`).
 
 Guarantees: forward values and the gradient with respect to the sampling grid match `F.grid_sample` to float32
 rounding, and the gradient of the map up to the order of the atomic additions, which `F.grid_sample` leaves
@@ -125,8 +126,10 @@ def sample_on_device(original: Callable[..., Tensor]) -> Callable[..., Tensor]:
 
 
 def deformable_sampling() -> AbstractContextManager[None]:
-    """Within this block rfdetr's deformable attention samples with our CUDA kernels (see the module's text);
-    without Triton (it comes with torch's Linux CUDA wheels) rfdetr's code stays, and the log says so."""
+    """Within this block rfdetr's deformable attention samples with our CUDA kernels (see the module's text).
+    Entered without Triton (it comes with torch's Linux CUDA wheels; `select_speedups` selects it only where triton
+    imports), rfdetr's code stays and the log says so
+    (`tests/test_deformable_sampling.py::test_without_triton_rfdetrs_sampling_stays_and_the_log_says_so`)."""
     if importlib.util.find_spec("triton") is None:
         log.warning("Triton is not installed: the decoder samples with rfdetr's F.grid_sample (slower on a GPU)")
         return nullcontext()

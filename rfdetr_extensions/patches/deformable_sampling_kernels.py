@@ -1,5 +1,11 @@
 """Triton kernels of `deformable_sampling`: bilinear sampling with zero padding and `align_corners=False`
-of (N, H, W, C) maps, and its backward pass, with grid_sampler_2d's formulas. Imported only where a GPU samples."""
+of (N, H, W, C) maps, and its backward pass, with grid_sampler_2d's formulas. Imported only where a GPU samples.
+
+Their values and gradients are `F.grid_sample`'s to float32 rounding: shown in Triton's interpreter on the CPU by
+`tests/test_deformable_sampling.py::test_in_tritons_interpreter_the_kernels_give_grid_samples_values_and_gradients`,
+and at Nano's shapes on a GPU by
+`tests/test_deformable_sampling.py::test_on_the_gpu_the_kernels_give_grid_samples_values_and_gradients_at_nanos_shapes`.
+"""
 
 import triton
 import triton.language as tl

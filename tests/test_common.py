@@ -1,0 +1,40 @@
+"""What every stage shares (pipeline/common.py): a StageError ends a stage with its message and exit code 1, no
+traceback; a JSON file is replaced whole or not at all; a stage run by hand, outside the workflow, says so."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from pipeline.common import CONFIG_ENV, StageError, pipeline_config, read_json, write_json
+from tests.helpers.workflow import REPO
+
+
+def test_a_stage_error_ends_the_stage_with_its_message_and_no_traceback():
+    code = (
+        "from pipeline.common import StageError, run_main\n"
+        "def main():\n"
+        "    raise StageError('The archive is corrupt: delete it and run snakemake again.')\n"
+        "run_main(main)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert "ERROR The archive is corrupt: delete it and run snakemake again." in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_json_write_that_fails_leaves_the_previous_file_whole_and_nothing_beside_it(tmp_path):
+    path = tmp_path / "report" / "dataset.json"
+    write_json(path, {"images": 5})
+    with pytest.raises(TypeError):
+        write_json(path, {"images": 6, "split": object()})  # fails halfway through writing
+    assert read_json(path) == {"images": 5}
+    assert [p.name for p in path.parent.iterdir()] == ["dataset.json"]
+
+
+def test_a_stage_run_by_hand_says_the_workflow_runs_it(monkeypatch):
+    monkeypatch.delenv(CONFIG_ENV, raising=False)
+    with pytest.raises(StageError, match=r"run by the workflow \(snakemake\), not by hand"):
+        pipeline_config()
