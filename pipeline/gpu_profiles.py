@@ -21,6 +21,11 @@ from pipeline.common import StageError
 
 FP8_MIN_CAPABILITY = (8, 9)
 FP8_ROWS = 8  # Transformer Engine's FP8 GEMMs: every input's rows (the product of all dimensions but the last) % 8 == 0
+# Run in the checkout, in its environment. `--no-build-isolation`: transformer_engine_torch (a source distribution)
+# builds against the installed torch and, from that torch's CUDA major version, requires transformer_engine_cu12 or
+# transformer_engine_cu13; setuptools is the build backend that flag then needs in the environment. README.md's
+# "The FP8 route" and its fault table show this command (`tests/test_readme.py` checks it).
+FP8_INSTALL = "pip install setuptools && pip install --no-build-isolation -e '.[fp8]'"
 
 
 @dataclass(frozen=True)
@@ -102,8 +107,8 @@ def transformer_engine_problem() -> str | None:
         importlib.import_module("transformer_engine.pytorch")
     except Exception as error:  # ImportError, or an ABI mismatch surfacing as OSError/RuntimeError
         return (
-            f"Transformer Engine does not import ({type(error).__name__}: {error}); install it with "
-            "pip install 'rfdetr-coco-pipeline[fp8]' (it builds against your torch and CUDA)"
+            f"Transformer Engine does not import ({type(error).__name__}: {error}); install it in the checkout with "
+            f"{FP8_INSTALL} (it builds against your torch and CUDA; README.md: The FP8 route)"
         )
     return None
 
