@@ -34,7 +34,6 @@ from typing import Any
 import yaml
 
 from pipeline.common import log, run_main, write_json
-from pipeline.dataset import count_images
 from pipeline.gpu_profiles import detect_device, resolve_profile, settle_profile
 from pipeline.recipe import recipe_of
 from pipeline.rfdetr_call import configure_compile_cache, set_host_threads, train_kwargs
@@ -161,9 +160,8 @@ def main() -> None:
     speedups = select_speedups(train["speedups"], version)
     device = detect_device(train["device"])
     profile, reason = resolve_profile(settings["gpu_profiles"], device, args.profile)
-    val_images = count_images(args.dataset / "val2017")
     profile, reason = settle_profile(
-        profile, reason, device, train, static_graphs="static_cuda_graphs" in speedups.names(), val_images=val_images
+        profile, reason, device, train, static_graphs="static_cuda_graphs" in speedups.names()
     )
     if args.eager:  # no compile: minutes less per run, the same validation code around the model
         profile = {**profile, "compile": False, "cuda_graphs": False, "name": f"{profile['name']}-eager"}

@@ -1,7 +1,9 @@
 """What the stages share about the dataset on disk and its RAM-disk copy.
 
-A RAM-disk copy (`<ramdisk>/<stage.subdir>-<key>`) is named by what it holds: the source folder and its file count
-and bytes. Runs on the same data share one copy; runs on other data get another one, and never touch it. A run that
+A RAM-disk copy (`<ramdisk>/<stage.subdir>-<key>`) is named by what it holds: the source folder, its file count and
+bytes, and a fingerprint of its content (`scripts.stage.fingerprint_of`: the MD5 of every annotation JSON and the
+path, size and modification time of every other file), so a file rewritten in place, even at the same size, makes a
+new copy. Runs on the same data share one copy; runs on other data get another one, and never touch it. A run that
 trains from a copy holds a shared lock on `<ramdisk>/.<copy>.users` for as long as it trains (`CopyUsers`); a copy
 is removed only by a run that can take that lock alone, so never while another run reads it. The locks are POSIX
 record locks: the kernel drops them when their process ends, however it ends, and the loader's forked workers do not
@@ -19,7 +21,7 @@ from pathlib import Path
 from pipeline.common import log
 
 IMAGE_SUFFIX = ".jpg"
-MARKER = ".staged.json"  # in a complete RAM-disk copy: its source, files and bytes
+MARKER = ".staged.json"  # in a complete RAM-disk copy: its source, files, bytes and fingerprint
 
 
 def count_images(folder: Path) -> int:
@@ -28,9 +30,9 @@ def count_images(folder: Path) -> int:
         return sum(1 for e in entries if e.name.endswith(IMAGE_SUFFIX) and e.is_file())
 
 
-def copy_name(subdir: str, source: Path, files: int, total_bytes: int) -> str:
-    """The RAM-disk folder name of a copy of `source` with this many files and bytes."""
-    key = hashlib.sha256(f"{source.resolve()}|{files}|{total_bytes}".encode()).hexdigest()[:12]
+def copy_name(subdir: str, source: Path, files: int, total_bytes: int, fingerprint: str) -> str:
+    """The RAM-disk folder name of a copy of `source` with this many files and bytes and this content fingerprint."""
+    key = hashlib.sha256(f"{source.resolve()}|{files}|{total_bytes}|{fingerprint}".encode()).hexdigest()[:12]
     return f"{subdir}-{key}"
 
 

@@ -4,8 +4,8 @@ Resolved inside the training job, on the machine that has the GPU (a login node 
 workflow has none). Matching order: a profile pinned by name; the first automatic row whose `match`
 pattern is found in the device name; the first row without a pattern whose minimum compute capability
 and memory the device meets. The FP8 route is checked before training (`settle_profile`), and its validation
-batches keep Transformer Engine's shape rule (`fp8_batch_multiple`). Shown by `tests/test_gpu_profiles.py`,
-`tests/test_train.py` and, on a GPU, `tests/test_gpu.py`.
+batches keep Transformer Engine's shape rule (`fp8_batch_multiple`) or run without FP8. Shown by
+`tests/test_gpu_profiles.py`, `tests/test_train.py` and, on a GPU, `tests/test_gpu.py`.
 """
 
 from __future__ import annotations
@@ -21,6 +21,11 @@ from pipeline.common import StageError
 
 FP8_MIN_CAPABILITY = (8, 9)
 FP8_ROWS = 8  # Transformer Engine's FP8 GEMMs: every input's rows (the product of all dimensions but the last) % 8 == 0
+# Run in the checkout, in its environment. `--no-build-isolation`: transformer_engine_torch (a source distribution)
+# builds against the installed torch and, from that torch's CUDA major version, requires transformer_engine_cu12 or
+# transformer_engine_cu13; setuptools is the build backend that flag then needs in the environment. README.md's
+# "The FP8 route" and its fault table show this command (`tests/test_readme.py` checks it).
+FP8_INSTALL = "pip install setuptools && pip install --no-build-isolation -e '.[fp8]'"
 
 
 @dataclass(frozen=True)
@@ -102,8 +107,8 @@ def transformer_engine_problem() -> str | None:
         importlib.import_module("transformer_engine.pytorch")
     except Exception as error:  # ImportError, or an ABI mismatch surfacing as OSError/RuntimeError
         return (
-            f"Transformer Engine does not import ({type(error).__name__}: {error}); install it with "
-            "pip install 'rfdetr-coco-pipeline[fp8]' (it builds against your torch and CUDA)"
+            f"Transformer Engine does not import ({type(error).__name__}: {error}); install it in the checkout with "
+            f"{FP8_INSTALL} (it builds against your torch and CUDA; README.md: The FP8 route)"
         )
     return None
 
@@ -113,7 +118,8 @@ def fp8_batch_multiple(resolution: int, patch: int = 16, windows: int = 2, queri
     of 8 (`FP8_ROWS`), at `resolution`. Per image, the backbone's linear layers see windows² × (patches per window +
     1 class token) rows (4 × 145 = 580 at 384 px), the encoder's the patches (576), the decoder's the queries (300):
     580 and 300 carry only 4 of the 8, so batches must be even. Every batch counts, the last of an epoch's validation
-    too: a validation batch of 125 (COCO's 5,000 images in 40 batches) stops the route at its first validation.
+    too: a validation batch of 125 (COCO's 5,000 images in 40 batches) would stop the route at its first validation;
+    a last batch no batch size can make even runs without FP8 (`rfdetr_extensions.fp8_validation`).
     Shown by `tests/test_train.py::test_the_fp8_routes_validation_batches_all_have_rows_in_multiples_of_8`."""
     side = resolution // patch
     rows_per_image = (windows**2 * ((side // windows) ** 2 + 1), side**2, queries)
@@ -129,10 +135,9 @@ def fp8_route_problems(
     device: Device,
     train: Mapping[str, Any],
     te_problem: Callable[[], str | None] = transformer_engine_problem,
-    val_images: int | None = None,
 ) -> list[str]:
-    """Every reason the Transformer Engine FP8 graph route cannot run; empty when it can. `val_images`: the
-    validation set's size, whose share per GPU must split into batches that keep the route's shape rule."""
+    """Every reason the Transformer Engine FP8 graph route cannot run; empty when it can. A validation set of any
+    size can: a batch its size leaves off the shape rule runs without FP8 (`rfdetr_extensions.fp8_validation`)."""
     problems = []
     if device.kind != "cuda":
         problems.append("the FP8 route needs a CUDA GPU")
@@ -149,12 +154,6 @@ def fp8_route_problems(
         problems.append("set train.square_resize_div_64: true (FP8 graphs need one fixed input shape)")
     if train.get("gpus", 1) != 1:
         problems.append("set train.gpus: 1 (the FP8 graph route is single-GPU only)")
-    multiple = fp8_batch_multiple(train.get("resolution", 384))
-    if val_images is not None and val_images % multiple:
-        problems.append(
-            f"the validation set has {val_images} images, which no batching splits into batches that are all "
-            f"multiples of {multiple}, as Transformer Engine's FP8 layers need at resolution {train.get('resolution')}"
-        )
     te = te_problem()
     if te:
         problems.append(te)
@@ -180,7 +179,6 @@ def settle_profile(
     train: Mapping[str, Any],
     te_problem: Callable[[], str | None] = transformer_engine_problem,
     static_graphs: bool = True,
-    val_images: int | None = None,
 ) -> tuple[dict[str, Any], str]:
     """Check the FP8 route before training starts: error, or fall back to compiled bf16 if configured.
 
@@ -205,7 +203,7 @@ def settle_profile(
                 "(compiled for dynamic shapes) are the notebook's choice only at batch_size <= 16"
             )
         return profile, reason
-    problems = fp8_route_problems(device, train, te_problem, val_images)
+    problems = fp8_route_problems(device, train, te_problem)
     if not problems:
         return profile, reason
     listed = "; ".join(problems)

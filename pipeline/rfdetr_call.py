@@ -24,22 +24,31 @@ AMP_DTYPE = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "fp32": None}  # prof
 
 
 def eval_batch_size(val_images: int, batch_size: int, ranks: int = 1, multiple: int = 1) -> int:
-    """The validation batch for `val_images` images over `ranks` GPUs, at most the training batch.
+    """The validation batch for `val_images` images over `ranks` GPUs: at most the training batch, and a multiple of
+    `multiple` (a route's shape rule, see `pipeline.gpu_profiles.batch_multiple`; 1: none).
 
-    Every validation batch, the last included, is a multiple of `multiple` (a route's shape rule, see
-    `pipeline.gpu_profiles.batch_multiple`; 1: none). Among such sizes, the largest that divides each rank's share:
-    every batch then has one shape, and the compiled model does not recompile for a smaller last batch (COCO's 5,000
-    images at batch 128 would leave a last batch of 8). When no divisor comes within a quarter of the training batch,
-    one extra compile beats many small batches: the training batch, rounded down to the multiple. ValueError when
-    the share is no multiple of `multiple` (no batching keeps the rule; `fp8_route_problems` reports it first).
-    Shown by `tests/test_train.py`.
+    Among such sizes, the largest that divides each rank's share: every batch then has one shape and keeps the rule,
+    and the compiled model does not recompile for a smaller last batch (COCO's 5,000 images at batch 128 would leave
+    a last batch of 8). When no divisor comes within a quarter of the training batch, one extra compile beats many
+    small batches: the training batch (or the share, if smaller), rounded down to the multiple. A share that is
+    itself no multiple of `multiple` (an odd one such as 4,999 for the FP8 route's 2) leaves a last batch that no
+    batch size keeps in the rule (`last_batch_off_the_rule`); the FP8 route runs that one batch without FP8
+    (`rfdetr_extensions.fp8_validation`), so every image is still validated once. Shown by `tests/test_train.py`.
     """
     share = -(-val_images // ranks)
-    if share % multiple:
-        raise ValueError(f"{share} validation images per GPU split into no batches that are multiples of {multiple}")
     limit = min(batch_size, share)
-    best = max(size for size in range(multiple, limit + 1, multiple) if share % size == 0)
-    return best if best >= max(1, batch_size // 4) else max(multiple, batch_size - batch_size % multiple)
+    dividing = [size for size in range(multiple, limit + 1, multiple) if share % size == 0]
+    if dividing and dividing[-1] >= max(1, batch_size // 4):
+        return dividing[-1]
+    return max(multiple, limit - limit % multiple)
+
+
+def last_batch_off_the_rule(val_images: int, batch: int, ranks: int = 1, multiple: int = 1) -> int:
+    """The image count of each rank's last validation batch when it is no multiple of `multiple`, else 0 (every
+    batch keeps the rule). rfdetr's validation loader keeps a last, smaller batch (no drop_last)."""
+    share = -(-val_images // ranks)
+    last = share % batch or batch
+    return last if last % multiple else 0
 
 
 LOGGERS = ("csv", "tensorboard", "mlflow", "wandb")  # train.loggers; rfdetr always writes metrics.csv
@@ -78,6 +87,8 @@ def train_kwargs(
     loggers: Sequence[str] = ("csv",),
 ) -> dict:
     """Keyword arguments for rfdetr's `train()`: the reference notebook's call, plus resume, device and loggers."""
+    val_images = count_images(Path(dataset) / "val2017")
+    multiple = batch_multiple(recipe, recipe["resolution"])
     kwargs: dict[str, Any] = dict(
         dataset_file="coco",
         dataset_dir=dataset,
@@ -97,18 +108,22 @@ def train_kwargs(
         multi_scale=recipe["multi_scale"],
         square_resize_div_64=recipe["square_resize_div_64"],
         eval_interval=recipe["eval_interval"],
-        eval_batch_size=eval_batch_size(
-            count_images(Path(dataset) / "val2017"),
-            recipe["batch_size"],
-            recipe["gpus"],
-            batch_multiple(recipe, recipe["resolution"]),
-        ),
+        eval_batch_size=eval_batch_size(val_images, recipe["batch_size"], recipe["gpus"], multiple),
         # last.ckpt is written every epoch only while checkpoint_interval > 1; the interval archives are not
         # needed (each block keeps its own checkpoint), so write at most one.
         checkpoint_interval=max(2, recipe["epochs"]),
         **logger_kwargs(loggers, state_dir.name),
     )
     log.info("Validation batch: %d images (pipeline.rfdetr_call.eval_batch_size)", kwargs["eval_batch_size"])
+    off_the_rule = last_batch_off_the_rule(val_images, kwargs["eval_batch_size"], recipe["gpus"], multiple)
+    if off_the_rule:
+        log.info(
+            "The last validation batch (%d per GPU) is no multiple of %d, as the FP8 layers need at %d px: it runs "
+            "without FP8 (rfdetr_extensions.fp8_validation)",
+            off_the_rule,
+            multiple,
+            recipe["resolution"],
+        )
     if device.kind == "cpu":
         kwargs["device"] = "cpu"
     if recipe["gpus"] > 1:  # Lightning DDP, one process per device (on the CPU: gloo, as in the tests)

@@ -8,8 +8,8 @@ Two kinds of code live in this package:
   Lightning callbacks added to rfdetr's Trainer. The train stage applies what `train.speedups` selects
   (`select_speedups`, then `applied`); `bench.profile_steps --speedups` and the tests read the same registry.
 - **The workflow's hooks into rfdetr's training**, used with or without speedups: `trainer_hook.extra_callbacks`
-  (callbacks and plugins on the Trainer that rfdetr's `train()` builds), `callbacks.block_end.StopAtBlockEnd` and
-  `callbacks.epoch_log.EpochLog`.
+  (callbacks and plugins on the Trainer that rfdetr's `train()` builds), `callbacks.block_end.StopAtBlockEnd`,
+  `callbacks.epoch_log.EpochLog`, and on the FP8 route `fp8_validation.validation_of_any_size`.
 
 The speedups were checked against rfdetr `CHECKED_RFDETR` only: they reach into private parts that another release
 may change. `select_speedups` is the one place that decides, from the installed version, what is applied.

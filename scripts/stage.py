@@ -2,20 +2,22 @@
 
 This runs at the start of every training job, on the node that trains: /dev/shm belongs to that node and is emptied
 by a reboot, so a staged copy made by another job could be missing. The copy is named by what it holds
-(`pipeline.dataset.copy_name`), so runs on the same data share it and runs on other data leave it alone; a complete
-copy carries a marker and is reused. When the RAM disk lacks room, copies of this workflow that no run reads any
-more are removed first (`pipeline.dataset.CopyUsers`). A reboot costs a re-stage, never a re-download: the disk
-copy stays where it is. Shown by
+(`pipeline.dataset.copy_name`, with a content fingerprint from `fingerprint_of`), so runs on the same data share it
+and runs on other data leave it alone; a complete copy carries a marker and is reused. When the RAM disk lacks room,
+copies of this workflow that no run reads any more are removed first (`pipeline.dataset.CopyUsers`). A reboot costs
+a re-stage, never a re-download: the disk copy stays where it is. Shown by
 `tests/test_stage.py::test_the_dataset_is_copied_to_the_ramdisk_and_reused`,
 `tests/test_stage.py::test_a_copy_emptied_by_a_reboot_or_left_half_made_is_staged_again`,
 `tests/test_stage.py::test_a_ramdisk_too_small_falls_back_to_the_disk_copy_and_says_so`,
 `tests/test_stage.py::test_copies_are_named_by_their_data_so_other_data_never_replaces_a_copy_in_use`,
-`tests/test_stage.py::test_a_copy_another_process_reads_is_kept_and_removed_once_it_is_done`.
+`tests/test_stage.py::test_a_copy_another_process_reads_is_kept_and_removed_once_it_is_done`,
+`tests/test_stage.py::test_a_file_rewritten_at_the_same_size_is_staged_as_new_data`.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import shutil
 import time
@@ -29,38 +31,66 @@ from tqdm import tqdm
 
 from pipeline.common import log, pipeline_config, read_json, run_main, size, where_this_runs, write_json
 from pipeline.dataset import MARKER, CopyUsers, copy_name
+from scripts.download import md5_of_file
 
 PAGE_BYTES = 4096  # tmpfs stores every file in whole pages
+ANNOTATION_SUFFIX = ".json"  # read whole for the fingerprint; images are known by path, size and modification time
 
 
 @dataclass(frozen=True)
 class Manifest:
     files: int
     bytes: int
+    fingerprint: str
 
     def ramdisk_bytes(self) -> int:
         return self.bytes + self.files * PAGE_BYTES
 
+    def marker(self, source: Path) -> dict[str, Any]:
+        """What a complete copy of `source` with this manifest records in its marker file."""
+        return {
+            "source": str(source.resolve()),
+            "files": self.files,
+            "bytes": self.bytes,
+            "fingerprint": self.fingerprint,
+        }
 
-def manifest_of(folder: Path) -> tuple[Manifest, list[Path]]:
-    """File count and size of `folder` (the marker file excluded), and its files relative to it."""
-    paths, total = [], 0
+
+def fingerprint_of(folder: Path, sizes: dict[Path, tuple[int, int]], workers: int = 8) -> str:
+    """What the files under `folder` hold, without reading the images: the MD5 of every annotation JSON, and the
+    path, size and modification time (ns) of every other file (`sizes`: relative path -> (bytes, mtime_ns)). A file
+    rewritten in place changes its modification time, or for an annotation file its bytes. Shown by
+    `tests/test_stage.py::test_a_file_rewritten_at_the_same_size_is_staged_as_new_data`."""
+    annotations = sorted(p for p in sizes if p.name.endswith(ANNOTATION_SUFFIX))
+
+    with ThreadPoolExecutor(max(1, workers)) as pool:
+        md5s = pool.map(lambda relative: md5_of_file(folder / relative).hexdigest(), annotations)
+        digests = dict(zip(annotations, md5s, strict=True))
+    summary = hashlib.sha256()
+    for relative in sorted(sizes):
+        what = f"md5 {digests[relative]}" if relative in digests else "{} {}".format(*sizes[relative])
+        summary.update(f"{relative.as_posix()}\0{what}\n".encode())
+    return summary.hexdigest()
+
+
+def manifest_of(folder: Path, workers: int = 8) -> tuple[Manifest, list[Path]]:
+    """File count, size and content fingerprint of `folder` (the marker file excluded), and its files relative to
+    it."""
+    sizes: dict[Path, tuple[int, int]] = {}
     for root, _dirs, names in os.walk(folder):
         for name in names:
             if name == MARKER:
                 continue
             path = Path(root, name)
-            paths.append(path.relative_to(folder))
-            total += path.stat().st_size
-    return Manifest(len(paths), total), paths
+            stat = path.stat()
+            sizes[path.relative_to(folder)] = (stat.st_size, stat.st_mtime_ns)
+    total = sum(file_bytes for file_bytes, _mtime in sizes.values())
+    return Manifest(len(sizes), total, fingerprint_of(folder, sizes, workers)), list(sizes)
 
 
 def is_complete_copy(target: Path, source: Path, manifest: Manifest) -> bool:
     marker = target / MARKER
-    if not marker.is_file():
-        return False
-    saved = read_json(marker)
-    return saved == {"source": str(source.resolve()), "files": manifest.files, "bytes": manifest.bytes}
+    return marker.is_file() and read_json(marker) == manifest.marker(source)
 
 
 def remove_unused_copies(ramdisk: Path, subdir: str, keep: str) -> None:
@@ -102,8 +132,8 @@ def stage_dataset(
         return on_disk("staging is off (stage.enabled in config.yaml)")
     if not ramdisk.is_dir():
         return on_disk(f"the RAM disk {ramdisk} does not exist")
-    manifest, files = manifest_of(source)
-    name = copy_name(subdir, source, manifest.files, manifest.bytes)
+    manifest, files = manifest_of(source, workers)
+    name = copy_name(subdir, source, manifest.files, manifest.bytes, manifest.fingerprint)
     target = ramdisk / name
     report.update(files=manifest.files, bytes=manifest.bytes, copy=name)
     with FileLock(str(ramdisk / f".{name}.lock")):  # one run stages a copy at a time; others wait, then reuse it
@@ -128,7 +158,7 @@ def stage_dataset(
         except OSError as error:  # the RAM disk filled up under us: fall back, leave nothing half-made
             shutil.rmtree(partial, ignore_errors=True)
             return on_disk(f"copying to {ramdisk} failed: {error}")
-        write_json(partial / MARKER, {"source": str(source), "files": manifest.files, "bytes": manifest.bytes})
+        write_json(partial / MARKER, manifest.marker(source))
         os.replace(partial, target)
     seconds = time.perf_counter() - start
     log.info("Staged in %.1f s (%.0f MB/s)", seconds, manifest.bytes / 1e6 / max(seconds, 1e-9))

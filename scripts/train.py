@@ -20,12 +20,13 @@ import argparse
 import json
 import os
 from collections.abc import Mapping
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 from pipeline.common import StageError, log, pipeline_config, read_json, run_main, where_this_runs, write_json
-from pipeline.dataset import count_images, reading_the_copy
-from pipeline.gpu_profiles import detect_device, resolve_profile, settle_profile
+from pipeline.dataset import reading_the_copy
+from pipeline.gpu_profiles import batch_multiple, detect_device, resolve_profile, settle_profile
 from pipeline.ranks import die_with_parent, is_main_rank
 from pipeline.recipe import INIT_NOTE, recipe_id, recipe_of
 from pipeline.resume import (
@@ -64,6 +65,7 @@ def run_rfdetr(
 
     from rfdetr_extensions.callbacks.block_end import StopAtBlockEnd
     from rfdetr_extensions.callbacks.epoch_log import EpochLog
+    from rfdetr_extensions.fp8_validation import validation_of_any_size
     from rfdetr_extensions.trainer_hook import extra_callbacks
 
     # rfdetr seeds inside train(), after the model is built: seed first so the random initialisation is
@@ -72,10 +74,12 @@ def run_rfdetr(
     model = RFDETRNano(pretrain_weights=None, compile=profile["compile"], cuda_graphs=profile["cuda_graphs"])
     workflow_callbacks = [StopAtBlockEnd(end), EpochLog(Path(kwargs["output_dir"]) / "epochs.jsonl")]
     plugins = single_node_ddp_plugins(recipe["gpus"])
+    fp8 = profile["precision"] == "fp8"
     try:
         with (
             applied(speedups, options) as speedup_callbacks,
             extra_callbacks([*workflow_callbacks, *speedup_callbacks], plugins),
+            validation_of_any_size(batch_multiple(profile, recipe["resolution"])) if fp8 else nullcontext(),
         ):
             model.train(**kwargs)
     except SIGTERMException as stop:  # Lightning's SystemExit, which would otherwise exit with status 0
@@ -95,8 +99,7 @@ def train_block(args: argparse.Namespace, settings: Mapping[str, Any], rfdetr_ve
     profile, reason = resolve_profile(settings["gpu_profiles"], device, train["profile"])
     static_graphs = "static_cuda_graphs" in speedups.names()
     stage, copy_users = reading_the_copy(read_json(args.stage_report))  # held until this process ends
-    val_images = count_images(Path(stage["path"]) / "val2017")
-    profile, reason = settle_profile(profile, reason, device, train, static_graphs=static_graphs, val_images=val_images)
+    profile, reason = settle_profile(profile, reason, device, train, static_graphs=static_graphs)
     log.info("Device: %s", device.describe())
     log.info("GPU profile: %s (%s): %s", profile["name"], reason, json.dumps(profile, sort_keys=True))
     for line in speedups.report():

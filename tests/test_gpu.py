@@ -10,6 +10,8 @@ import re
 import pytest
 import torch
 
+from tests.helpers.archive_server import ArchiveServer
+from tests.helpers.tiny_coco import make_archives, make_dataset
 from tests.helpers.workflow import run_snakemake, tiny_config, write_config
 
 pytestmark = pytest.mark.gpu  # left out by default (pyproject addopts); `pytest -m gpu` on a GPU machine
@@ -62,6 +64,26 @@ def test_the_fp8_route_trains_an_epoch_and_validates_with_transformer_engine(wor
     assert epoch["val_seconds"] > 0 and len(epoch["loss"]) >= 1
     assert all(loss == loss and loss < 1e4 for loss in epoch["loss"])  # finite
     assert read_block(workdir, "block_01", "run.json")["profile"]["precision"] == "fp8"
+
+
+@pytest.mark.skipif(not TRANSFORMER_ENGINE, reason="Transformer Engine is not installed (README: 'The FP8 route')")
+def test_the_fp8_route_validates_a_validation_set_no_batch_size_splits_for_fp8(tmp_path):
+    """5 validation images: a batch of 4 in FP8, then the last image alone, which Transformer Engine's FP8 layers
+    refuse (20 backbone rows at 64 px), without FP8 (`rfdetr_extensions.fp8_validation`)."""
+    make_dataset(tmp_path / "coco", n_train=8, n_val=5)
+    archives = make_archives(tmp_path / "coco", tmp_path / "archives")
+    workdir = tmp_path / "work"
+    with ArchiveServer(tmp_path / "archives") as server:
+        config = tiny_config(workdir, server.url, archives, device="cuda", profile="rtx-pro-6000-fp8", epochs=1)
+        config["verify"]["expected_images"]["val2017"] = 5
+        write_config(workdir, config)
+        result = run_snakemake(workdir, "results/train/block_01/run.json")
+    assert result.returncode == 0, result.stdout[-5000:]
+    log = (workdir / "results" / "logs" / "train" / "block_01.log").read_text()
+    assert "Validation batch: 4 images" in log
+    assert "The last validation batch (1 per GPU) is no multiple of 2" in log
+    (epoch,) = read_block(workdir, "block_01", "epochs.json")
+    assert epoch["val_seconds"] > 0
 
 
 @pytest.mark.skipif(TRANSFORMER_ENGINE, reason="Transformer Engine is installed here: the FP8 route can run")

@@ -63,3 +63,17 @@ def test_ci_runs_exactly_the_readmes_test_command():
     test_command = next(block.strip() for block in BLOCKS if ".venv/bin/pytest" in block)
     ci = [line for line in (REPO / ".ci" / "run").read_text().splitlines() if line and not line.startswith("#")]
     assert test_command in ci, (test_command, ci)
+
+
+def test_the_fp8_install_is_one_command_in_the_readme_its_fault_table_and_the_error_message():
+    from pipeline.gpu_profiles import FP8_INSTALL, transformer_engine_problem
+
+    problem = transformer_engine_problem()
+    if problem is None:
+        pytest.skip("Transformer Engine imports here: no error message to read")
+    assert FP8_INSTALL in problem
+    assert any(FP8_INSTALL in block.splitlines() for block in BLOCKS)  # the install block of "The FP8 route"
+    row = next(line for line in README.splitlines() if line.startswith("| FP8 asked for without Transformer Engine"))
+    assert f"`{FP8_INSTALL}`" in row
+    fp8_installs = [line for line in README.splitlines() if ".[fp8]" in line]
+    assert len(fp8_installs) == 2 and all(FP8_INSTALL in line for line in fp8_installs), fp8_installs

@@ -129,6 +129,17 @@ def test_the_trainer_hook_adds_callbacks_inside_the_block_only():
     assert rfdetr.training.build_trainer is original
 
 
+def test_the_fp8_validation_hook_wraps_rfdetrs_validation_step_inside_the_block_only():
+    from rfdetr.training.module_model import RFDETRModelModule
+
+    from rfdetr_extensions.fp8_validation import validation_of_any_size
+
+    original = RFDETRModelModule.validation_step
+    with validation_of_any_size(2):
+        assert RFDETRModelModule.validation_step is not original
+    assert RFDETRModelModule.validation_step is original
+
+
 def test_the_readme_shows_the_registry():
     readme = (REPO / "README.md").read_text()
     assert markdown_table() in readme, "README.md's speedup table differs: paste `python -m rfdetr_extensions`"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import subprocess
 import sys
@@ -64,6 +65,36 @@ def test_copies_are_named_by_their_data_so_other_data_never_replaces_a_copy_in_u
     assert theirs["copy"] != mine["copy"] and Path(mine["path"]).is_dir() and Path(theirs["path"]).is_dir()
     assert stage_dataset(Path(str(tiny_dataset) + "/"), ramdisk, "coco", 0)["reason"] == "already staged"
     assert stage["where"] == "ramdisk" and users is not None
+
+
+def test_a_file_rewritten_at_the_same_size_is_staged_as_new_data(tiny_dataset, tmp_path):
+    """The same content is one copy; an image or annotation file rewritten at its size with other bytes is new data."""
+    ramdisk = tmp_path / "shm"
+    ramdisk.mkdir()
+    data = Path(shutil.copytree(tiny_dataset, tmp_path / "data"))
+    first = stage_dataset(data, ramdisk, "coco", 0)
+    annotation = data / "annotations" / "instances_val2017.json"
+    written = annotation.stat().st_mtime_ns
+    annotation.write_bytes(annotation.read_bytes())  # the same annotations, written again
+    os.utime(annotation, ns=(written + 10**9, written + 10**9))
+    again = stage_dataset(data, ramdisk, "coco", 0)
+    assert again["reason"] == "already staged" and again["copy"] == first["copy"]
+
+    image = next((data / "val2017").glob("*.jpg"))
+    old = image.read_bytes()
+    image.write_bytes(old[:-3] + bytes(b ^ 0xFF for b in old[-3:]))  # other bytes, the same size
+    os.utime(image, ns=(image.stat().st_mtime_ns + 10**9,) * 2)
+    new_image = stage_dataset(data, ramdisk, "coco", 0)
+    assert new_image["reason"] == "copied" and new_image["copy"] != first["copy"]
+    assert (Path(new_image["path"]) / "val2017" / image.name).read_bytes() == image.read_bytes()
+
+    stat = annotation.stat()
+    annotation.write_bytes(annotation.read_bytes().replace(b'"iscrowd": 0', b'"iscrowd": 1', 1))
+    os.utime(annotation, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # other bytes, the same size and time
+    assert annotation.stat().st_size == stat.st_size
+    new_labels = stage_dataset(data, ramdisk, "coco", 0)
+    assert new_labels["reason"] == "copied" and new_labels["copy"] not in (first["copy"], new_image["copy"])
+    assert Path(first["path"]).is_dir()  # the first copy stays for a run that may still read it
 
 
 def test_a_copy_another_process_reads_is_kept_and_removed_once_it_is_done(tiny_dataset, tmp_path):

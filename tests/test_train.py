@@ -8,15 +8,14 @@ import pytest
 
 from pipeline.blocks import block_ranges
 from pipeline.common import StageError
-from pipeline.gpu_profiles import Device, fp8_batch_multiple, fp8_route_problems
+from pipeline.gpu_profiles import fp8_batch_multiple
 from pipeline.recipe import RECIPE_KEYS, recipe_diff, recipe_id, recipe_of
 from pipeline.resume import plan_resume, truncate_metrics
-from pipeline.rfdetr_call import eval_batch_size
+from pipeline.rfdetr_call import eval_batch_size, last_batch_off_the_rule
 from tests.helpers.workflow import base_config
 
 TRAIN = base_config()["train"]
 PROFILE = {"batch_size": 128, "precision": "bf16"}
-H200 = Device("cuda", "NVIDIA H200", (9, 0), 143.0, 1)
 
 
 def test_blocks_cover_every_epoch_once_and_the_last_may_be_shorter():
@@ -109,9 +108,12 @@ def test_metrics_rows_of_epochs_to_be_trained_again_are_dropped(tmp_path):
 def test_the_validation_batch_divides_the_validation_set_so_its_shape_never_changes():
     assert eval_batch_size(5000, 128) == 125  # COCO val2017: 40 batches of 125, no last batch of 8
     assert eval_batch_size(5000, 128, ranks=2) == 125  # 2,500 per GPU
+    assert eval_batch_size(5000, 128, ranks=4) == 125  # 1,250 per GPU
     assert eval_batch_size(500, 128) == 125
     assert eval_batch_size(4, 2) == 2
-    assert eval_batch_size(4999, 128) == 128  # no divisor near the batch: one extra compile, not tiny batches
+    assert eval_batch_size(4999, 128) == 128  # a prime: no divisor near the batch, one extra compile, not tiny batches
+    assert eval_batch_size(4999, 128, ranks=2) == 125  # 2,500 per GPU (Lightning's sampler evens the shares)
+    assert eval_batch_size(4999, 128, ranks=4) == 125  # 1,250 per GPU
 
 
 def validation_batches(images: int, batch: int) -> list[int]:
@@ -124,21 +126,31 @@ def validation_batches(images: int, batch: int) -> list[int]:
 NANO_ROWS_AT_384 = (4 * 145, 24 * 24, 300)
 
 
-@pytest.mark.parametrize(("images", "ranks"), [(5000, 1), (500, 1), (5000, 2), (500, 2), (12288, 1), (4, 1)])
-def test_the_fp8_routes_validation_batches_all_have_rows_in_multiples_of_8(images, ranks):
+@pytest.mark.parametrize(
+    ("images", "ranks", "batch"),
+    [(5000, 1, 100), (500, 1, 100), (5000, 2, 100), (5000, 4, 50), (500, 2, 50), (12288, 1, 128), (4, 1, 4)]
+    + [(4999, 2, 100), (4999, 4, 50)],  # a prime count whose shares per GPU are even
+)
+def test_the_fp8_routes_validation_batches_all_have_rows_in_multiples_of_8(images, ranks, batch):
     multiple = fp8_batch_multiple(384)
-    batch = eval_batch_size(images, 128, ranks, multiple)
+    assert eval_batch_size(images, 128, ranks, multiple) == batch
     share = -(-images // ranks)
     for size in validation_batches(share, batch):
         assert all(size * rows % 8 == 0 for rows in NANO_ROWS_AT_384), (batch, size)
-    assert 128 // 4 <= batch <= 128 or batch == share  # not a tiny batch
+    assert last_batch_off_the_rule(images, batch, ranks, multiple) == 0
 
 
-@pytest.mark.parametrize(("images", "ranks"), [(4999, 1), (5000, 8)])  # a prime count; a share of 625 per GPU
-def test_a_validation_share_no_batching_can_split_for_fp8_is_an_fp8_problem_named_before_training(images, ranks):
-    with pytest.raises(ValueError, match="multiples of 2"):
-        eval_batch_size(images, 128, ranks, fp8_batch_multiple(384))
-    train = {**TRAIN, "gpus": 1}
-    problems = fp8_route_problems(H200, train, lambda: None, val_images=-(-images // ranks))
-    assert len(problems) == 1 and f"{-(-images // ranks)} images" in problems[0]
-    assert fp8_route_problems(H200, train, lambda: None, val_images=5000) == []
+@pytest.mark.parametrize(
+    ("images", "ranks", "batch", "last"),
+    [(4999, 1, 128, 7), (5000, 8, 128, 113), (500, 4, 124, 1), (5, 1, 4, 1)],  # a prime; odd shares of 625, 125, 5
+)
+def test_a_validation_share_no_batch_size_splits_for_fp8_leaves_one_last_batch_off_the_rule(images, ranks, batch, last):
+    """Every other batch keeps the rule, and every image is in a batch: the last one runs without FP8
+    (`rfdetr_extensions.fp8_validation`; on a GPU: `tests/test_gpu.py`)."""
+    multiple = fp8_batch_multiple(384)
+    assert eval_batch_size(images, 128, ranks, multiple) == batch
+    share = -(-images // ranks)
+    *kept, final = validation_batches(share, batch)
+    assert sum(kept) + final == share and final == last == last_batch_off_the_rule(images, batch, ranks, multiple)
+    assert all(size * rows % 8 == 0 for size in kept for rows in NANO_ROWS_AT_384)
+    assert any(final * rows % 8 for rows in NANO_ROWS_AT_384)
