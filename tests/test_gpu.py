@@ -18,6 +18,13 @@ pytestmark = pytest.mark.gpu  # left out by default (pyproject addopts); `pytest
 TRANSFORMER_ENGINE = importlib.util.find_spec("transformer_engine") is not None
 
 
+def write_gpu_config(workdir, config) -> None:
+    """The GPU tests' config: no export stage (ONNX export is the CPU tests' concern, and the GPU machine's
+    wheelhouse has no onnx)."""
+    config["export"]["formats"] = []
+    write_config(workdir, config)
+
+
 def read_block(workdir, block: str, name: str):
     return json.loads((workdir / "results" / "train" / block / name).read_text())
 
@@ -27,9 +34,13 @@ def test_the_h200_row_as_a_user_gets_it_captures_and_replays_cuda_graphs(workdir
     config = tiny_config(
         workdir, server.url, archives, device="cuda", profile="auto" if on_h200 else "h200", epochs=2
     )  # the shipped gpu_profiles, untouched: compile and CUDA graphs on, batch 128
-    write_config(workdir, config)
+    write_gpu_config(workdir, config)
     result = run_snakemake(workdir)
     assert result.returncode == 0, result.stdout[-5000:]
+    # the evaluate stage runs on the GPU too, with the run's profile (bf16)
+    evaluation = json.loads((workdir / "results" / "eval" / "metrics.json").read_text())
+    assert evaluation["device"] == "cuda" and evaluation["precision"] == "bf16"
+    assert 0 <= evaluation["AP"] <= 1 and evaluation["images"] == config["verify"]["expected_images"]["val2017"]
     for block in ("block_01", "block_02"):
         run = read_block(workdir, block, "run.json")
         assert run["profile"]["name"] == "h200" and run["profile"]["compile"] and run["profile"]["cuda_graphs"]
@@ -55,7 +66,7 @@ def test_the_h200_row_as_a_user_gets_it_captures_and_replays_cuda_graphs(workdir
 @pytest.mark.skipif(not TRANSFORMER_ENGINE, reason="Transformer Engine is not installed (README: 'The FP8 route')")
 def test_the_fp8_route_trains_an_epoch_and_validates_with_transformer_engine(workdir, server, archives):
     config = tiny_config(workdir, server.url, archives, device="cuda", profile="rtx-pro-6000-fp8", epochs=1)
-    write_config(workdir, config)
+    write_gpu_config(workdir, config)
     result = run_snakemake(workdir)
     assert result.returncode == 0, result.stdout[-5000:]
     log = (workdir / "results" / "logs" / "train" / "block_01.log").read_text()
