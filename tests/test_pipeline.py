@@ -5,6 +5,7 @@ what the failure touched."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -92,7 +93,15 @@ def test_metrics_have_train_and_val_rows_for_every_epoch_and_the_plots_are_pngs(
         with Image.open(workdir / "results" / "plots" / plot) as image:
             assert image.format == "PNG" and image.width > 200 and image.height > 200
     summary = (workdir / "results" / "plots" / "summary.txt").read_text()
-    assert "Epochs trained: 2" in summary and "Best val mAP@50:95:" in summary and "images/s" in summary
+    assert "Epochs trained: 2" in summary and "images/s" in summary
+    best = re.search(r"Best val mAP@50:95: ([\d.]+) at epoch (\d+) \(epochs count from 0, as in metrics.csv\)", summary)
+    assert best, summary
+    # the best epoch is one of metrics.csv's rows with the highest mAP, by that row's own (0-based) epoch number
+    val = metrics.dropna(subset=["val/mAP_50_95"])
+    highest = val["val/mAP_50_95"].max()
+    assert float(best[1]) == pytest.approx(highest, abs=5e-5)
+    assert int(best[2]) in set(val.loc[val["val/mAP_50_95"] == highest, "epoch"])
+    assert json.loads(summary[summary.index("{") :])["best_epoch"] == int(best[2])
 
 
 def test_a_second_run_has_nothing_to_do(two_block_run, module_server):
