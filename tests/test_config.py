@@ -159,3 +159,26 @@ def test_a_dry_run_says_what_the_run_needs(tmp_path):
     assert f"{needed / 2**30:.2f} GiB more" in summary
     assert "RAM disk: " in summary and "GPU: " in summary
     assert "time asked of a scheduler: 12.0 h for 4 training block(s)" in summary  # 4 x (30 + 15 x 10) min
+
+
+def dry_run_jobs(output: str) -> dict[str, int]:
+    """The jobs of a dry run by rule, from its 'Job stats' table ('all' and the total left out)."""
+    table = output[output.index("Job stats:") :].split("\n\n")[0]
+    return {
+        rule: int(count) for rule, count in re.findall(r"^(\w+)\s+(\d+)$", table, re.M) if rule not in ("all", "total")
+    }
+
+
+def test_no_export_formats_leave_out_the_export_stage_and_nothing_else(tmp_path):
+    write_config(tmp_path, base_config())
+    default = run_snakemake(tmp_path, "-n", timeout=120)
+    assert default.returncode == 0, default.stdout[-3000:]
+    assert base_config()["export"]["formats"] == ["onnx"]
+    assert dry_run_jobs(default.stdout)["export_model"] == 1 and "results/export/model.onnx" in default.stdout
+    write_config(tmp_path, edited("export.formats", []))
+    without = run_snakemake(tmp_path, "-n", timeout=120)
+    assert without.returncode == 0, without.stdout[-3000:]
+    assert "export_model" not in without.stdout and "results/export" not in without.stdout
+    assert dry_run_jobs(without.stdout) == {
+        rule: n for rule, n in dry_run_jobs(default.stdout).items() if rule != "export_model"
+    }

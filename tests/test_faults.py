@@ -19,6 +19,7 @@ import pytest
 from tests.helpers.archive_server import ArchiveServer
 from tests.helpers.tiny_coco import make_archives, md5
 from tests.helpers.workflow import (
+    REPO,
     jobs_run,
     kill_group,
     run_snakemake,
@@ -350,6 +351,21 @@ def test_without_a_gpu_the_run_stops_before_the_first_download_unless_told_to_go
     assert failed.returncode != 0 and "No CUDA GPU is visible" in failed.stdout
     assert not (workdir / "results" / "train" / "block_01" / "checkpoint.ckpt").exists()
     assert (workdir / VERIFIED).is_file()
+
+
+def test_through_the_slurm_profile_the_gpu_less_login_node_is_not_asked_for_a_gpu(workdir, server, archives):
+    """The GPU preflight is for jobs that run on this machine: through profiles/slurm the training runs on a GPU
+    node, so the run goes on to its first job, the download (a local rule). The archives answer 404 here, so the
+    run stops at that download and submits nothing to any SLURM."""
+    write_config(workdir, tiny_config(workdir, server.url, archives, device="cuda", epochs=1))
+    for name in archives:
+        server.faults.status[f"{name}.zip"] = 404
+    local = run_snakemake(workdir)
+    assert local.returncode != 0 and "No CUDA GPU is visible" in local.stdout and server.requests == []
+    cluster = run_snakemake(workdir, "--workflow-profile", str(REPO / "profiles" / "slurm"), timeout=300)
+    assert cluster.returncode != 0 and "No CUDA GPU is visible" not in cluster.stdout
+    assert "HTTP 404" in cluster.stdout and server.requests  # past the preflight: the download ran, here
+    assert "sbatch" not in cluster.stdout and not (workdir / ".snakemake" / "slurm_logs").exists()
 
 
 def test_a_ramdisk_too_small_trains_from_the_disk_copy(workdir, server, archives, small_tmpfs):

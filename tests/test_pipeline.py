@@ -5,9 +5,12 @@ what the failure touched."""
 from __future__ import annotations
 
 import json
+import platform
+import re
 import shutil
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
 import pandas as pd
@@ -92,7 +95,15 @@ def test_metrics_have_train_and_val_rows_for_every_epoch_and_the_plots_are_pngs(
         with Image.open(workdir / "results" / "plots" / plot) as image:
             assert image.format == "PNG" and image.width > 200 and image.height > 200
     summary = (workdir / "results" / "plots" / "summary.txt").read_text()
-    assert "Epochs trained: 2" in summary and "Best val mAP@50:95:" in summary and "images/s" in summary
+    assert "Epochs trained: 2" in summary and "images/s" in summary
+    best = re.search(r"Best val mAP@50:95: ([\d.]+) at epoch (\d+) \(epochs count from 0, as in metrics.csv\)", summary)
+    assert best, summary
+    # the best epoch is one of metrics.csv's rows with the highest mAP, by that row's own (0-based) epoch number
+    val = metrics.dropna(subset=["val/mAP_50_95"])
+    highest = val["val/mAP_50_95"].max()
+    assert float(best[1]) == pytest.approx(highest, abs=5e-5)
+    assert int(best[2]) in set(val.loc[val["val/mAP_50_95"] == highest, "epoch"])
+    assert json.loads(summary[summary.index("{") :])["best_epoch"] == int(best[2])
 
 
 def test_a_second_run_has_nothing_to_do(two_block_run, module_server):
@@ -324,7 +335,36 @@ def test_the_report_shows_the_epochs_the_evaluation_the_run_and_the_figures_in_a
     assert epochs.startswith("2 rows") and "val mAP@50:95" in epochs and "images/s" in epochs
     assert "AP50" in evaluation and "AR100" in evaluation and "AP@50:95 per category" in evaluation
     versions = json.loads((workdir / "results" / "train" / "block_02" / "run.json").read_text())["versions"]
-    assert versions["torch"] in run and "rfdetr" in run and versions["rfdetr"] in run and "cpu" in run
+    # the software the training job ran with: this environment's; what is not here (an NVIDIA driver on a machine
+    # without one, Transformer Engine when not installed) is null in run.json and an empty value on the page
+    assert versions == {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,  # the CUDA torch was built with, also on a machine without a GPU
+        "cudnn": str(torch.backends.cudnn.version()) if torch.backends.cudnn.is_available() else None,
+        "nvidia_driver": nvidia_driver_here(),
+        "rfdetr": metadata.version("rfdetr"),
+        "snakemake": metadata.version("snakemake"),
+        "pytorch_lightning": metadata.version("pytorch-lightning"),
+        "transformer_engine": installed("transformer-engine") or installed("transformer_engine"),
+    }
+    for name, version in versions.items():
+        assert re.search(rf"^{name}\s*{re.escape(version or '')}$", run, re.M), (name, version, run)
+    assert "cpu" in run
+
+
+def nvidia_driver_here() -> str | None:
+    """The loaded NVIDIA kernel module's version, as the kernel reports it; None without one."""
+    version = Path("/proc/driver/nvidia/version")
+    found = re.search(r"Kernel Module\s+(?:for \S+\s+)?(\d[\d.]*)", version.read_text()) if version.exists() else None
+    return found[1] if found else None
+
+
+def installed(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def test_a_report_before_the_run_has_finished_says_what_is_missing(workdir):

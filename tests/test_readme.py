@@ -1,11 +1,17 @@
 """Every command README.md shows works as written after the install it starts with: its program is in the virtual
-environment the first block makes and activates, snakemake and pytest accept its options, the extras it installs
-exist, and .ci/run runs exactly the README's test command."""
+environment the first block makes and activates (a section whose install does not activate it names the program by
+its path), snakemake and pytest accept its options, a `python -m` module exists and declares the options given and
+all it requires, a script of the repository is executable bash, the extras it installs exist, and .ci/run runs
+exactly the README's test command."""
 
 from __future__ import annotations
 
+import ast
+import importlib.util
+import os
 import re
 import shlex
+import subprocess
 import sys
 import tomllib
 from pathlib import Path
@@ -16,14 +22,30 @@ from tests.helpers.workflow import REPO
 
 README = (REPO / "README.md").read_text()
 VENV_BIN = Path(sys.executable).parent  # the tests run in the environment the README's install makes
-BLOCKS = re.findall(r"```bash\n(.*?)```", README, re.S)
-PROSE = re.findall(r"`((?:snakemake|tensorboard|pytest|pip) [^`]*)`", README)
+BASH_BLOCK = r"```bash\n(.*?)```"
+BLOCKS = re.findall(BASH_BLOCK, README, re.S)
+# quoted in prose: a program of the environment with its arguments, or a script of this repository
+PROSE = r"`((?:\.venv/bin/)?(?:snakemake|tensorboard|pytest|pip|python) [^`]*|[\w/.-]+\.sh)`"
+SECTIONS = re.split(r"^## ", README, flags=re.M)
 
 
-def commands() -> list[str]:
-    """Each shell command of the README's bash blocks (split at &&), and each one it quotes in its prose."""
-    found = [part.strip() for block in BLOCKS for line in block.splitlines() for part in line.split("&&")]
-    return [command for command in found + PROSE if command]
+def commands(text: str = README) -> list[str]:
+    """Each shell command of the bash blocks of `text` (split at &&), and each one it quotes in its prose."""
+    blocks = re.findall(BASH_BLOCK, text, re.S)
+    found = [part.strip() for block in blocks for line in block.splitlines() for part in line.split("&&")]
+    return [command for command in found + re.findall(PROSE, text) if command]
+
+
+def argparse_options(source: Path) -> tuple[set[str], set[str]]:
+    """The --options a module's argparse parser declares, and those of them it requires."""
+    declared, required = set(), set()
+    for node in ast.walk(ast.parse(source.read_text())):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_argument" and node.args:
+            names = {arg.value for arg in node.args if isinstance(arg, ast.Constant) and arg.value.startswith("--")}
+            declared |= names
+            if any(k.arg == "required" and getattr(k.value, "value", False) is True for k in node.keywords):
+                required |= names
+    return declared, required
 
 
 def program_and_args(command: str) -> tuple[str, list[str]]:
@@ -37,11 +59,34 @@ def test_the_first_block_installs_and_activates_the_environment_the_later_comman
     assert first[1] == ". .venv/bin/activate"  # later commands, bare, find their programs in .venv/bin
 
 
+def test_a_section_whose_install_does_not_activate_the_environment_runs_its_programs_by_path():
+    """A reader may start at such a section (Test it): a bare `pytest` there would not be the environment's."""
+    checked = 0
+    for section in SECTIONS:
+        blocks = "\n".join(re.findall(BASH_BLOCK, section, re.S))
+        if "python3 -m venv .venv" not in blocks or ". .venv/bin/activate" in blocks:
+            continue
+        for command in commands(section):
+            program = shlex.split(command)[0]
+            if program != "python3" and (VENV_BIN / Path(program).name).exists():
+                assert program.startswith(".venv/bin/"), f"{command!r} in '## {section.splitlines()[0]}'"
+                checked += 1
+    assert checked >= 3  # the Test it section's pytest commands
+
+
 @pytest.mark.parametrize("command", commands())
 def test_each_command_is_one_the_installed_environment_runs(command):
     program, args = program_and_args(command)
     if program in ("python3", "."):
         return  # the venv's creation and activation
+    if program.endswith(".sh"):  # a script of this repository, run as written
+        script = REPO / shlex.split(command)[0]
+        assert script.is_file() and os.access(script, os.X_OK), f"{script} is not an executable file"
+        assert (
+            script.read_text().startswith("#!/usr/bin/env bash\n")
+            and subprocess.run(["bash", "-n", script]).returncode == 0
+        )
+        return
     assert (VENV_BIN / program).exists(), f"{program} is not in the virtual environment ({command})"
     if program == "snakemake":
         from snakemake.cli import get_argument_parser
@@ -53,6 +98,15 @@ def test_each_command_is_one_the_installed_environment_runs(command):
         extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
         for extra in re.findall(r"\.\[([\w,]+)\]", command):
             assert set(extra.split(",")) <= set(extras), command
+    elif program == "python":
+        assert args[0] == "-m", command
+        module = importlib.util.find_spec(args[1])
+        if module is not None and module.submodule_search_locations:  # a package runs its __main__
+            module = importlib.util.find_spec(f"{args[1]}.__main__")
+        assert module is not None and module.origin, f"no module {args[1]} to run ({command})"
+        declared, required = argparse_options(Path(module.origin))
+        given = {arg.split("=")[0] for arg in args[2:] if arg.startswith("--")}
+        assert given <= declared and required <= given, (command, sorted(declared), sorted(required))
     elif program == "pytest":
         markers = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["markers"]
         for marker in re.findall(r"-m (\w+)", command):

@@ -32,23 +32,39 @@ def slurm_ready() -> bool:
 STATE = Path(os.environ.get("SLURM_TEST_STATE", "/tmp/slurm-test"))  # tests/slurm/start.sh's state folder
 
 
+DAEMONS = ("munged", "slurmctld", "slurmd")  # what start.sh starts
+
+
 @pytest.fixture(scope="module")
 def slurm() -> Iterator[None]:
-    """A one-node SLURM for this module (tests/slurm/start.sh); the daemons it started are stopped afterwards."""
-    started = subprocess.run(["bash", str(REPO / "tests" / "slurm" / "start.sh")], capture_output=True, text=True)
-    if not slurm_ready():
-        reason = f"SLURM cannot run here: {started.stdout.strip()} {started.stderr.strip()}"
-        print(reason)
-        pytest.skip(reason)
-    yield
+    """A one-node SLURM for this module (tests/slurm/start.sh). However it ends (started, or not started after some
+    of its daemons did), the daemons it started are stopped and /etc is put back."""
+    try:
+        started = subprocess.run(["bash", str(REPO / "tests" / "slurm" / "start.sh")], capture_output=True, text=True)
+        if not slurm_ready():
+            reason = f"SLURM cannot run here: {started.stdout.strip()} {started.stderr.strip()}"
+            print(reason)
+            pytest.skip(reason)
+        yield
+    finally:
+        stop_started_daemons()
+        restore_etc()
+
+
+def stop_started_daemons() -> None:
+    """Stop the daemons whose PIDs start.sh wrote, each only while that PID is still one of its daemons."""
     pids = STATE / "started.pids"
     for pid in map(int, pids.read_text().split() if pids.exists() else []):
         with contextlib.suppress(psutil.Error):
             daemon = psutil.Process(pid)
-            daemon.terminate()
-            daemon.wait(timeout=30)
+            if daemon.name() in DAEMONS:
+                daemon.terminate()
+                daemon.wait(timeout=30)
     pids.unlink(missing_ok=True)
-    # /etc as it was: the files start.sh created go, the ones it overwrote come back
+
+
+def restore_etc() -> None:
+    """/etc as it was: the files start.sh created go, the ones it overwrote come back."""
     created = STATE / "created.files"
     for path in created.read_text().split() if created.exists() else []:
         Path(path).unlink(missing_ok=True)

@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
 
 from pipeline.blocks import block_ranges
 from pipeline.common import StageError
-from pipeline.gpu_profiles import fp8_batch_multiple
+from pipeline.gpu_profiles import Device, fp8_batch_multiple
 from pipeline.recipe import RECIPE_KEYS, recipe_diff, recipe_id, recipe_of
 from pipeline.resume import plan_resume, truncate_metrics
-from pipeline.rfdetr_call import eval_batch_size, last_batch_off_the_rule
+from pipeline.rfdetr_call import LOGGERS, check_loggers, eval_batch_size, last_batch_off_the_rule, train_kwargs
 from tests.helpers.workflow import base_config
 
 TRAIN = base_config()["train"]
 PROFILE = {"batch_size": 128, "precision": "bf16"}
+CPU = Device("cpu", "CPU")
 
 
 def test_blocks_cover_every_epoch_once_and_the_last_may_be_shorter():
@@ -154,3 +156,58 @@ def test_a_validation_share_no_batch_size_splits_for_fp8_leaves_one_last_batch_o
     assert sum(kept) + final == share and final == last == last_batch_off_the_rule(images, batch, ranks, multiple)
     assert all(size * rows % 8 == 0 for size in kept for rows in NANO_ROWS_AT_384)
     assert any(final * rows % 8 for rows in NANO_ROWS_AT_384)
+
+
+def rfdetr_train_config(loggers: list[str], dataset: Path, state_dir: Path):
+    """rfdetr's own TrainConfig (a pydantic model that refuses unknown or mistyped fields) built from the training
+    job's train() arguments; `device` and `resolution` are the two that train() takes off before building it."""
+    from rfdetr.config import TrainConfig
+
+    recipe = recipe_of(TRAIN, {"batch_size": 2, "precision": "fp32"}, "1.11.2")
+    kwargs = train_kwargs(recipe, str(dataset), state_dir, 0, CPU, loggers)
+    return TrainConfig(**{key: value for key, value in kwargs.items() if key not in ("device", "resolution")})
+
+
+@pytest.mark.parametrize("loggers", [[name] for name in LOGGERS] + [TRAIN["loggers"], list(LOGGERS)])
+def test_each_of_train_loggers_becomes_the_flag_of_rfdetrs_training_config(loggers, tiny_dataset, tmp_path):
+    config = rfdetr_train_config(loggers, tiny_dataset, tmp_path / "state" / "0123abcd")
+    assert {flag for flag in ("tensorboard", "mlflow", "wandb") if getattr(config, flag)} == set(loggers) - {"csv"}
+    assert (config.project, config.run) == ("rfdetr-coco2017", "0123abcd")  # W&B and MLflow runs: the recipe id
+
+
+@pytest.mark.parametrize(
+    ("loggers", "expected"),
+    [(["csv"], ["CSVLogger"]), (["csv", "tensorboard"], ["CSVLogger", "TensorBoardLogger"])],
+)
+def test_rfdetrs_trainer_logs_where_train_loggers_says(loggers, expected, tiny_dataset, tmp_path):
+    """rfdetr's own Lightning trainer, built from that config: CSV always, TensorBoard when asked, in the state
+    folder (which TensorBoard reads as one run across the blocks)."""
+    from rfdetr.config import RFDETRNanoConfig
+    from rfdetr.training import build_trainer
+
+    state = tmp_path / "state" / "0123abcd"
+    trainer = build_trainer(rfdetr_train_config(loggers, tiny_dataset, state), RFDETRNanoConfig(), accelerator="cpu")
+    assert [type(logger).__name__ for logger in trainer.loggers] == expected
+    assert all(Path(logger.log_dir) == state for logger in trainer.loggers)
+
+
+@pytest.mark.parametrize(("package", "logger_class"), [("mlflow", "MLFlowLogger"), ("wandb", "WandbLogger")])
+def test_a_logger_whose_package_is_missing_stops_the_block_naming_the_package(
+    package, logger_class, tiny_dataset, tmp_path
+):
+    if importlib.util.find_spec(package) is not None:
+        pytest.skip(f"{package} is installed here")
+    check_loggers(TRAIN["loggers"])  # the shipped loggers come with the workflow's install
+    with pytest.raises(StageError) as stopped:
+        check_loggers([*TRAIN["loggers"], package])
+    assert str(stopped.value) == (
+        f"train.loggers names {package}, which is not installed: pip install {package} "
+        "(or leave it out of train.loggers in config.yaml)."
+    )
+    # what the check saves the user from: rfdetr itself only warns, and the block trains without that logger
+    from rfdetr.config import RFDETRNanoConfig
+    from rfdetr.training import build_trainer
+
+    config = rfdetr_train_config([package], tiny_dataset, tmp_path / "state" / "0123abcd")
+    trainer = build_trainer(config, RFDETRNanoConfig(), accelerator="cpu")
+    assert logger_class not in [type(logger).__name__ for logger in trainer.loggers]

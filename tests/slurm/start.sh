@@ -3,9 +3,10 @@
 # fake `gpu` GRES (2 GPUs that are not there). Needs root; installs the packages when they are missing, writes
 # /etc/slurm/slurm.conf and gres.conf, and /etc/munge/munge.key when there is none.
 # Idempotent: a cluster that already answers is left alone. Prints why, and exits 0, when it cannot start
-# one; the SLURM tests then skip with that reason. The PIDs of the daemons it starts go to $state/started.pids,
-# from which the tests stop them, and the files it writes under /etc are put back as they were (tests/test_slurm.py:
-# the slurm fixture): a slurm.conf left behind would make every later `scontrol` wait for a controller.
+# one; the SLURM tests then skip with that reason. It stops no daemon it did not start. The PIDs of the daemons it
+# starts go to $state/started.pids, from which the tests stop them, and the files it writes under /etc are put back
+# as they were (tests/test_slurm.py: the slurm fixture): a slurm.conf left behind would make every later `scontrol`
+# wait for a controller.
 set -euo pipefail
 state=${SLURM_TEST_STATE:-/tmp/slurm-test}
 ready() { sinfo -h -o %T 2>/dev/null | grep -q -E "^(idle|mixed|allocated)"; }
@@ -76,14 +77,22 @@ cat > /etc/slurm/gres.conf <<CONF
 AutoDetect=off
 NodeName=$host Name=gpu File=$state/gpu[0-1]
 CONF
-pkill -x slurmd 2>/dev/null || true
-pkill -x slurmctld 2>/dev/null || true
+# The daemon named $1 whose PID file $2 (in $state, so written by a daemon this script started) names, if it runs.
+ours() { local pid; pid=$(cat "$2" 2>/dev/null) || return 1; [ "$(ps -o comm= -p "$pid" 2>/dev/null)" = "$1" ] && echo "$pid"; }
+# Daemons an earlier run of this script started and left behind (not answering, or `ready` would have said so)
+# are stopped by their PID; daemons of anyone else are left alone (slurmctld then cannot start and says why).
+for daemon in slurmd slurmctld; do
+  if pid=$(ours "$daemon" "$state/$daemon.pid"); then
+    kill "$pid"
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+  fi
+  rm -f "$state/$daemon.pid"
+done
+slurmctld -c -i || echo "slurmctld did not start"
 sleep 1
-slurmctld -c -i
-sleep 1
-slurmd
+slurmd || echo "slurmd did not start"
 sleep 0.5
-cat "$state/slurmctld.pid" "$state/slurmd.pid" >> "$started" 2>/dev/null || true
+for daemon in slurmctld slurmd; do ours "$daemon" "$state/$daemon.pid" >> "$started" || true; done
 for _ in $(seq 30); do
   if ready; then sinfo; exit 0; fi
   sleep 1
