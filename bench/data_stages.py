@@ -27,8 +27,8 @@ from typing import Any
 
 import yaml
 
+from pipeline.common import md5_of_file
 from pipeline.dataset import count_images
-from scripts.download import md5_of_file
 from scripts.stage import manifest_of, stage_dataset
 
 REPO = Path(__file__).resolve().parents[1]

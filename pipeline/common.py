@@ -7,6 +7,7 @@ Shown by `tests/test_common.py::test_a_stage_error_ends_the_stage_with_its_messa
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -71,6 +72,13 @@ def write_json(path: str | os.PathLike[str], data: Any) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def md5_of_file(path: str | os.PathLike[str]) -> hashlib._Hash:
+    """The MD5 of a file's bytes, read in chunks (the standard library's `hashlib.file_digest`); the digest object,
+    so that more bytes can be added. Shown by `tests/test_download.py`, through every archive's MD5 check."""
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "md5")
 
 
 def read_json(path: str | os.PathLike[str]) -> Any:

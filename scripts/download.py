@@ -29,7 +29,17 @@ import tenacity
 import urllib3
 from tqdm import tqdm
 
-from pipeline.common import REFETCH_ENV, StageError, log, pipeline_config, read_json, run_main, size, write_json
+from pipeline.common import (
+    REFETCH_ENV,
+    StageError,
+    log,
+    md5_of_file,
+    pipeline_config,
+    read_json,
+    run_main,
+    size,
+    write_json,
+)
 
 CHUNK_BYTES = 1 << 20
 
@@ -67,14 +77,6 @@ def check_free_disk(folder: Path, needed: int, breakdown: str) -> None:
             "to a larger disk, then run snakemake again."
         )
     log.info("Free disk in %s: %s; needed: %s (%s)", folder, size(free), size(needed), breakdown)
-
-
-def md5_of_file(path: Path) -> hashlib._Hash:
-    digest = hashlib.md5()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(CHUNK_BYTES), b""):
-            digest.update(block)
-    return digest
 
 
 def connection_problem(url: str, error: requests.RequestException) -> str:

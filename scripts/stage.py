@@ -29,9 +29,8 @@ from typing import Any
 from filelock import FileLock
 from tqdm import tqdm
 
-from pipeline.common import log, pipeline_config, read_json, run_main, size, where_this_runs, write_json
+from pipeline.common import log, md5_of_file, pipeline_config, read_json, run_main, size, where_this_runs, write_json
 from pipeline.dataset import MARKER, CopyUsers, copy_name
-from scripts.download import md5_of_file
 
 PAGE_BYTES = 4096  # tmpfs stores every file in whole pages
 ANNOTATION_SUFFIX = ".json"  # read whole for the fingerprint; images are known by path, size and modification time

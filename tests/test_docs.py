@@ -105,3 +105,16 @@ def test_the_layout_draws_every_top_level_entry_git_tracks_and_only_paths_that_e
     assert drawn - tracked == set(), f"README's Layout draws {sorted(drawn - tracked)}, which git does not track"
     concrete = [path for path in paths if "<" not in path]  # rules/<stage>.smk and kin stand for several
     assert [path for path in concrete if not (REPO / path).exists()] == []
+
+
+def test_the_stage_modules_import_no_other_stage_and_the_shared_packages_import_no_stage():
+    """README's Layout: scripts/ holds the stages, which share code only through pipeline/ and rfdetr_extensions/."""
+    offending = []
+    for package in ("scripts", "pipeline", "rfdetr_extensions"):
+        for path in sorted((REPO / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+                if isinstance(node, ast.ImportFrom) and node.module:
+                    names = [node.module]
+                offending += [f"{path.relative_to(REPO)}: {name}" for name in names if name.split(".")[0] == "scripts"]
+    assert offending == []
