@@ -131,3 +131,24 @@ def test_the_fp8_install_is_one_command_in_the_readme_its_fault_table_and_the_er
     assert f"`{FP8_INSTALL}`" in row
     fp8_installs = [line for line in README.splitlines() if ".[fp8]" in line]
     assert len(fp8_installs) == 2 and all(FP8_INSTALL in line for line in fp8_installs), fp8_installs
+
+
+def test_the_prerequisites_are_the_configs_requests_and_the_benchmarks_projection():
+    """ "Run it" states what a run takes: the training job's memory is `resources.train_mem_mb`, the RAM disk holds
+    the extracted archives, and the time is what BENCHMARKS.md's projection command prints."""
+    import json
+
+    import yaml
+
+    config = yaml.safe_load((REPO / "config.yaml").read_text())
+    needs = SECTIONS[[section.startswith("Run it") for section in SECTIONS].index(True)]
+    assert f"{config['resources']['train_mem_mb'] / 1000:g} GB for the training job" in needs
+    staged = sum(archive["extracted_bytes"] for archive in config["archives"].values()) / 1e9
+    assert f"plus about {staged:.0f} GB of RAM disk" in needs
+    benchmarks = (REPO / "BENCHMARKS.md").read_text()
+    (projection,) = re.findall(r"^(python -m bench\.projection .*?)\n```", benchmarks, re.S | re.M)
+    words = shlex.split(projection.replace("\\\n", " "))
+    printed = subprocess.run([sys.executable, *words[1:]], cwd=REPO, capture_output=True, text=True, check=True)
+    result = json.loads(printed.stdout[printed.stdout.index("{") :])
+    assert f"about {result['projected_hours']:.1f} hours for the 40 epochs" in needs
+    assert f"{round(result['epoch_seconds'])} s per epoch with validation" in needs
