@@ -39,6 +39,7 @@ class Speedup:
     constructed without arguments. A patch's `replaces` entries are "module:attribute" or "module:Class.attribute"
     paths of what it swaps; a callback's say in words what it changes. `needs` names the modules it cannot work
     without: where one does not import, `select_speedups` leaves it off (`auto`) or refuses (`all`, a list).
+    `gpu_only` marks one that gains nothing when training runs on the CPU: `auto` leaves it off there.
     """
 
     name: str
@@ -49,6 +50,7 @@ class Speedup:
     test: str
     options: tuple[str, ...] = ()
     needs: tuple[str, ...] = ()
+    gpu_only: bool = False
 
     def load(self) -> Any:
         return pkgutil.resolve_name(self.entry)
@@ -61,8 +63,10 @@ def _patch(
     test: str,
     options: tuple[str, ...] = (),
     needs: tuple[str, ...] = (),
+    gpu_only: bool = False,
 ) -> Speedup:
-    return Speedup(name, "patch", f"rfdetr_extensions.patches.{name}:{name}", replaces, effect, test, options, needs)
+    entry = f"rfdetr_extensions.patches.{name}:{name}"
+    return Speedup(name, "patch", entry, replaces, effect, test, options, needs, gpu_only)
 
 
 def _callback(name: str, cls: str, replaces: str, effect: str, test: str) -> Speedup:
@@ -157,6 +161,8 @@ SPEEDUPS: tuple[Speedup, ...] = (
         ),
         "validation's F1 matching runs in worker processes while the next batch goes on; merged in batch order",
         "tests/test_validation_metrics.py::test_matching_in_workers_gives_rfdetrs_accumulator_array_for_array",
+        # on the CPU the training process is the one computing, so handing matching to workers only adds their start
+        gpu_only=True,
     ),
     _callback(
         "static_cuda_graphs",
@@ -221,19 +227,25 @@ def missing_modules() -> frozenset[str]:
 
 
 def select_speedups(
-    setting: str | Sequence[str], rfdetr_version: str, missing: Collection[str] | None = None
+    setting: str | Sequence[str],
+    rfdetr_version: str,
+    missing: Collection[str] | None = None,
+    device_kind: str = "cuda",
 ) -> Selection:
-    """The speedups `setting` (train.speedups) asks for, given the installed rfdetr's version and `missing`, the
-    modules that do not import here (None: `missing_modules()`).
+    """The speedups `setting` (train.speedups) asks for, given the installed rfdetr's version, `missing`, the
+    modules that do not import here (None: `missing_modules()`), and the device training runs on (`device_kind`:
+    "cuda" or "cpu").
 
     `auto` applies every speedup with the rfdetr version they were checked against, and none with another (training
-    is then stock rfdetr's); a speedup whose `needs` are missing (deformable_sampling without Triton) it leaves off,
-    saying why. `all`, or a list of names, refuses another version, and a named speedup whose `needs` are missing,
-    with `SpeedupError`: it trains with every speedup it asks for or not at all. `none` applies nothing. Shown by
+    is then stock rfdetr's); a speedup whose `needs` are missing (deformable_sampling without Triton), or a
+    `gpu_only` one when training runs on the CPU, it leaves off, saying why. `all`, or a list of names, refuses
+    another version, and a named speedup whose `needs` are missing, with `SpeedupError`: it trains with every
+    speedup it asks for or not at all (a `gpu_only` one applies on the CPU too). `none` applies nothing. Shown by
     `tests/test_rfdetr_extensions.py::test_auto_applies_everything_with_the_checked_rfdetr_and_nothing_with_another_saying_why`,
     `tests/test_rfdetr_extensions.py::test_asking_for_speedups_by_name_or_all_refuses_another_rfdetr_with_what_to_do`,
     `tests/test_rfdetr_extensions.py::test_without_triton_auto_leaves_deformable_sampling_off_and_all_refuses`,
-    `tests/test_rfdetr_extensions.py::test_none_applies_nothing_and_unknown_names_are_refused`.
+    `tests/test_rfdetr_extensions.py::test_none_applies_nothing_and_unknown_names_are_refused`,
+    `tests/test_rfdetr_extensions.py::test_on_the_cpu_auto_leaves_the_gpu_only_speedups_off_and_all_applies_them`.
     """
     if isinstance(setting, str) and setting not in SETTINGS:
         raise SpeedupError(f"train.speedups: {setting!r} is not one of {', '.join(SETTINGS)} or a list of names")
@@ -258,6 +270,12 @@ def select_speedups(
         if speedup.name in wanted and missing.intersection(speedup.needs)
     }
     lacking = {name: f"needs {', '.join(modules)}, which this Python cannot import" for name, modules in absent.items()}
+    if setting == "auto" and device_kind != "cuda":
+        lacking |= {
+            speedup.name: "gains only when training runs on a GPU (train.device: cpu)"
+            for speedup in SPEEDUPS
+            if speedup.gpu_only and speedup.name not in lacking
+        }
     if lacking and setting != "auto":
         modules = sorted({module for found in absent.values() for module in found})
         raise SpeedupError(

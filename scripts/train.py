@@ -93,9 +93,9 @@ def train_block(args: argparse.Namespace, settings: Mapping[str, Any], rfdetr_ve
     start, end = args.start_epoch, args.end_epoch
     configure_compile_cache(args.state_root / "compile_cache")
 
-    speedups = select_speedups(train["speedups"], rfdetr_version)
-    check_loggers(train["loggers"])
     device = detect_device(train["device"])
+    speedups = select_speedups(train["speedups"], rfdetr_version, device_kind=device.kind)
+    check_loggers(train["loggers"])
     profile, reason = resolve_profile(settings["gpu_profiles"], device, train["profile"])
     static_graphs = "static_cuda_graphs" in speedups.names()
     stage, copy_users = reading_the_copy(read_json(args.stage_report))  # held until this process ends

@@ -104,6 +104,21 @@ def test_without_triton_auto_leaves_deformable_sampling_off_and_all_refuses(monk
     assert select_speedups(["deformable_sampling"], CHECKED_RFDETR, missing=()).names() == ["deformable_sampling"]
 
 
+def test_on_the_cpu_auto_leaves_the_gpu_only_speedups_off_and_all_applies_them():
+    gpu_only = [speedup.name for speedup in SPEEDUPS if speedup.gpu_only]
+    assert "matching_in_workers" in gpu_only
+    on_cpu = select_speedups("auto", CHECKED_RFDETR, missing=(), device_kind="cpu")
+    assert on_cpu.names() == [name for name in NAMES if name not in gpu_only]
+    for name in gpu_only:
+        assert (
+            f"Speedup left off: {name}: gains only when training runs on a GPU (train.device: cpu)" in on_cpu.report()
+        )
+    assert select_speedups("auto", CHECKED_RFDETR, missing=(), device_kind="cuda").names() == list(NAMES)
+    # asked for by name, or with all, they apply on the CPU too: they compute rfdetr's values there as well
+    assert select_speedups("all", CHECKED_RFDETR, missing=(), device_kind="cpu").names() == list(NAMES)
+    assert select_speedups(gpu_only, CHECKED_RFDETR, missing=(), device_kind="cpu").names() == gpu_only
+
+
 def test_none_applies_nothing_and_unknown_names_are_refused():
     none = select_speedups("none", CHECKED_RFDETR)
     assert none.applied == () and {why for _, why in none.left_off} == {"train.speedups: none"}
