@@ -82,9 +82,10 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """Say that the GPU tests were left out, and how to run them (pyproject's addopts deselect them)."""
+    """Say that the GPU tests were left out, and how to run them: README's command (pyproject's addopts deselect
+    them)."""
     if GPU_LEFT_OUT and not hasattr(terminalreporter.config, "workeroutput"):
         terminalreporter.write_line(
             f"{len(GPU_LEFT_OUT)} GPU tests (marked gpu) were left out; on a machine with an NVIDIA GPU run them "
-            'with: pytest -m gpu -o addopts=""'
+            'with: .venv/bin/pytest -m gpu -o addopts=""'
         )

@@ -33,7 +33,7 @@ def test_the_summary_counts_the_gpu_tests_left_out_and_its_command_collects_them
     assert len(said) == 1, default.stdout
     left_out, command = int(said[0][1]), shlex.split(said[0][2])
     assert f"({left_out} deselected)" in default.stdout
-    assert command[0] == "pytest"
+    assert command[0] == ".venv/bin/pytest" and said[0][2] in (REPO / "README.md").read_text()  # README's command
     gpu = pytest_in_repo(*command[1:], "--collect-only", "-q", "tests/test_gpu.py")
     assert gpu.returncode == 0, gpu.stdout
     collected = [line for line in gpu.stdout.splitlines() if line.startswith("tests/test_gpu.py::")]
