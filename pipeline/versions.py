@@ -33,9 +33,17 @@ def nvidia_driver() -> str | None:
 
 
 def software_versions() -> dict[str, str | None]:
+    """The software a training job runs with, for run.json and the report. A cuDNN that torch refuses is recorded
+    as such: with Transformer Engine imported, the process may hold the cuDNN its core library found (a CUDA
+    toolkit's) rather than torch's, and torch's version check then raises where training itself runs. Tests:
+    `tests/test_common.py::test_a_cudnn_torch_refuses_is_recorded_and_the_job_goes_on`, and on the GPU
+    `tests/test_gpu.py::test_the_fp8_route_trains_an_epoch_and_validates_with_transformer_engine`."""
     import torch
 
-    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    try:
+        cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    except RuntimeError as error:  # the cuDNN loaded is not torch's: record it rather than stop a finished run
+        cudnn = f"unusable: {error}"
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,

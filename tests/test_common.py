@@ -38,3 +38,22 @@ def test_a_stage_run_by_hand_says_the_workflow_runs_it(monkeypatch):
     monkeypatch.delenv(CONFIG_ENV, raising=False)
     with pytest.raises(StageError, match=r"run by the workflow \(snakemake\), not by hand"):
         pipeline_config()
+
+
+def test_a_cudnn_torch_refuses_is_recorded_and_the_job_goes_on(monkeypatch):
+    """With Transformer Engine imported on the GPU machine, torch's cuDNN version check raised (9.19 expected, 9.14
+    loaded) after an FP8 block had trained; run.json records that instead of failing the job."""
+    import torch
+
+    from pipeline.versions import software_versions
+
+    def refused() -> int:
+        raise RuntimeError(
+            "cuDNN version incompatibility: PyTorch was compiled against (9, 19, 0) but found (9, 14, 0)"
+        )
+
+    monkeypatch.setattr(torch.backends.cudnn, "is_available", lambda: True)
+    monkeypatch.setattr(torch.backends.cudnn, "version", refused)
+    versions = software_versions()
+    assert versions["cudnn"].startswith("unusable: cuDNN version incompatibility")
+    assert versions["torch"] == torch.__version__
