@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU measurements of BENCHMARKS.md, on a machine without network (the project's device machine).
 # usage: bench/gpu_run.sh stock|pipeline|ddp|recompiles|levers|profile|route|validation  (OUT: results folder, default /tmp/bench-out;
-#        N_TRAIN, N_VAL, DETAIL=photo|coco: the synthetic set, bench/synth_coco.py)
+#        N_TRAIN, N_VAL, DETAIL=photo|coco: the synthetic set, bench/synth_coco.py, written to DATA if it is not there)
 #        route:  ROUTE=<gpu_profiles row> NAME=<name> [EPOCHS=3] [SHARE_CACHE=1] bench/gpu_run.sh route
 #        levers: VARIANT='<a gpu_profiles row as JSON>' [TRAIN='<train settings as JSON>'] NAME=<name> [EPOCHS=3] [LOADER_WORKERS='16 32']
 #                [SPLIT_CPUS=1: half the CPUs each] bench/gpu_run.sh levers
@@ -12,7 +12,7 @@
 set -euo pipefail
 phase=$1
 OUT=${OUT:-/tmp/bench-out}
-DATA=/dev/shm/synth-coco
+DATA=${DATA:-/dev/shm/synth-coco}  # a second set (another DATA) can sit beside the first
 mkdir -p "$OUT"
 if [ ! -d /tmp/site ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
