@@ -25,7 +25,7 @@ FP8_ROWS = 8  # Transformer Engine's FP8 GEMMs: every input's rows (the product 
 # builds against the installed torch and, from that torch's CUDA major version, requires transformer_engine_cu12 or
 # transformer_engine_cu13; setuptools is the build backend that flag then needs in the environment. README.md's
 # "The FP8 route" and its fault table show this command (`tests/test_readme.py` checks it).
-FP8_INSTALL = "pip install setuptools && pip install --no-build-isolation -e '.[fp8]'"
+FP8_INSTALL = "pip install setuptools wheel ninja && pip install --no-build-isolation -e '.[fp8]'"
 
 
 @dataclass(frozen=True)
