@@ -129,11 +129,42 @@ def prepare_state(state_dir: Path, plan: ResumePlan) -> None:
     truncate_metrics(state_dir / "metrics.csv", plan.next_epoch)
 
 
+COMPILED_MODULE_PREFIX = "_orig_mod."  # torch.compile's wrapper names the wrapped module's parameters under it
+
+
+def copy_best_weights(source: Path, dest: Path) -> int:
+    """Copy rfdetr's best weights (`checkpoint_best_total.pth`) to `dest` in a form `RFDETR.from_checkpoint` loads;
+    return how many weight names were changed.
+
+    rfdetr 1.11.2's EMA model is a copy of the Lightning module, whose model a compiled run (the GPU profiles with
+    `compile: true`) holds wrapped by torch.compile. When the EMA weights win, rfdetr saves them under the wrapper's
+    names (`_orig_mod.class_embed.bias`), which its own loader does not strip in this format: `from_checkpoint`
+    stops with KeyError 'class_embed.bias', and so would the evaluate and export stages. Those names lose the prefix
+    here; every other checkpoint is copied byte for byte. Tests:
+    `tests/test_pipeline.py::test_the_best_weights_of_a_compiled_run_load_in_rfdetr`, and on the GPU
+    `tests/test_gpu.py::test_the_h200_row_as_a_user_gets_it_captures_and_replays_cuda_graphs` (its evaluation)."""
+    import torch
+
+    checkpoint = torch.load(source, map_location="cpu", weights_only=False)  # rfdetr's own file, with its args
+    weights = checkpoint.get("model") if isinstance(checkpoint, dict) else None
+    renamed = [name for name in weights or {} if name.startswith(COMPILED_MODULE_PREFIX)]
+    if not renamed:
+        shutil.copyfile(source, dest)
+        return 0
+    checkpoint["model"] = {name.removeprefix(COMPILED_MODULE_PREFIX): value for name, value in weights.items()}
+    partial = dest.with_name(dest.name + ".partial")
+    torch.save(checkpoint, partial)
+    partial.replace(dest)
+    log.info("Best weights: %d names of the compiled model written without %r", len(renamed), COMPILED_MODULE_PREFIX)
+    return len(renamed)
+
+
 def export_block(state_dir: Path, outdir: Path, start: int, end: int, run_info: dict[str, Any]) -> None:
-    """Copy the block's checkpoint, best weights, metrics rows and epoch records into its output folder."""
+    """Copy the block's checkpoint, best weights (`copy_best_weights`), metrics rows and epoch records into its
+    output folder."""
     outdir.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(state_dir / "last.ckpt", outdir / "checkpoint.ckpt")
-    shutil.copyfile(state_dir / "checkpoint_best_total.pth", outdir / "best.pth")
+    copy_best_weights(state_dir / "checkpoint_best_total.pth", outdir / "best.pth")
     rows = copy_metric_rows(state_dir / "metrics.csv", outdir / "metrics.csv", lambda epoch: start <= epoch < end)
     write_json(outdir / "epochs.json", read_epoch_log(state_dir / "epochs.jsonl", start, end))
     write_json(outdir / "run.json", run_info)

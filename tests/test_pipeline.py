@@ -254,6 +254,38 @@ def test_the_exported_onnx_model_gives_the_pytorch_models_boxes_and_scores(two_b
     assert (scores - expected["pred_logits"].sigmoid()).abs().max().item() < 1e-4
 
 
+def test_the_best_weights_of_a_compiled_run_load_in_rfdetr(two_block_run, tmp_path):
+    """rfdetr's EMA copies the Lightning module (`AveragedModel`), whose model a compiled run holds wrapped by
+    torch.compile: its weights carry the wrapper's `_orig_mod.` names, which rfdetr's `from_checkpoint` cannot load.
+    The train stage's copy of the best weights (`copy_best_weights`) loads, with the same values."""
+    from rfdetr.detr import RFDETR
+    from torch.optim.swa_utils import AveragedModel
+
+    from pipeline.resume import copy_best_weights
+
+    workdir, _, _ = two_block_run
+    best = workdir / "results" / "train" / "block_02" / "best.pth"
+    model = RFDETR.from_checkpoint(str(best)).model.model
+    lightning_module = torch.nn.Module()
+    lightning_module.model = torch.compile(model)  # as rfdetr's module holds it when the GPU profile compiles
+    compiled_weights = AveragedModel(lightning_module).module.model.state_dict()  # what rfdetr's EMA saves
+    assert compiled_weights and all(name.startswith("_orig_mod.") for name in compiled_weights)
+    checkpoint = torch.load(best, map_location="cpu", weights_only=False)
+    checkpoint["model"] = compiled_weights
+    torch.save(checkpoint, tmp_path / "checkpoint_best_total.pth")
+    with pytest.raises(KeyError, match="class_embed.bias"):
+        RFDETR.from_checkpoint(str(tmp_path / "checkpoint_best_total.pth"))
+
+    assert copy_best_weights(tmp_path / "checkpoint_best_total.pth", tmp_path / "best.pth") == len(compiled_weights)
+    loaded = RFDETR.from_checkpoint(str(tmp_path / "best.pth")).model.model.state_dict()
+    expected = model.state_dict()
+    assert loaded.keys() == expected.keys()
+    assert all(torch.equal(loaded[name], expected[name]) for name in expected)
+    # weights without the prefix (this CPU run's) are copied as they are
+    assert copy_best_weights(best, tmp_path / "copy.pth") == 0
+    assert (tmp_path / "copy.pth").read_bytes() == best.read_bytes()
+
+
 def test_without_the_onnx_extra_the_export_stops_naming_it(two_block_run, tmp_path):
     workdir, _, _ = two_block_run
     weights = workdir / "results" / "train" / "block_02" / "best.pth"
