@@ -23,7 +23,8 @@ FP8_MIN_CAPABILITY = (8, 9)
 FP8_ROWS = 8  # Transformer Engine's FP8 GEMMs: every input's rows (the product of all dimensions but the last) % 8 == 0
 # Run in the checkout, in its environment. `--no-build-isolation`: transformer_engine_torch (a source distribution)
 # builds against the installed torch and, from that torch's CUDA major version, requires transformer_engine_cu12 or
-# transformer_engine_cu13; setuptools is the build backend that flag then needs in the environment. README.md's
+# transformer_engine_cu13. Without build isolation the build takes its tools from the environment: setuptools (the
+# backend), wheel (TE's setup.py imports it), ninja (parallel compilation). README.md's
 # "The FP8 route" and its fault table show this command (`tests/test_readme.py` checks it).
 FP8_INSTALL = "pip install setuptools wheel ninja && pip install --no-build-isolation -e '.[fp8]'"
 
