@@ -27,7 +27,7 @@ from pipeline.common import StageError, log, pipeline_config, read_json, run_mai
 from pipeline.dataset import count_images
 from pipeline.gpu_profiles import detect_device
 from pipeline.report_pages import key_values, table, write_page
-from pipeline.rfdetr_call import AMP_DTYPE, eval_batch_size
+from pipeline.rfdetr_call import AMP_DTYPE, eval_batch_size, load_for_inference
 from rfdetr_extensions.evaluation import SUMMARY_KEYS, captured_coco_metrics, per_class_ap, summary
 
 MAX_DETECTIONS = 100  # COCO's standard protocol: AP and AR@100 over the 100 highest-scoring boxes per image
@@ -37,13 +37,11 @@ def evaluate_weights(
     weights: Path, run: dict[str, Any], dataset: Path, device_kind: str, workers: int
 ) -> tuple[dict[str, Any], dict[int, float]]:
     """rfdetr's COCO evaluation of `weights` on `dataset`/val2017: (summary with provenance, AP per category id)."""
-    from rfdetr.detr import RFDETR
-
     profile = run["profile"]
     precision = "bf16" if profile["precision"] == "fp8" else profile["precision"]
     images = count_images(dataset / "val2017")
     batch = eval_batch_size(images, profile["batch_size"])
-    model = RFDETR.from_checkpoint(str(weights))
+    model = load_for_inference(weights)
     kwargs: dict[str, Any] = dict(
         dataset_file="coco",
         dataset_dir=str(dataset),

@@ -17,17 +17,16 @@ from pathlib import Path
 
 from pipeline.common import StageError, log, run_main, size
 from pipeline.export_formats import EXTRA, missing_message, missing_modules
+from pipeline.rfdetr_call import load_for_inference
 
 
 def export_weights(weights: Path, fmt: str, output: Path) -> Path:
     """rfdetr's `export()` of `weights` in `fmt`, moved to `output`; StageError naming the extra when a package for
     that format is missing."""
-    from rfdetr.detr import RFDETR
-
     missing = missing_modules(fmt)
     if missing:
         raise StageError(missing_message(fmt, missing))
-    model = RFDETR.from_checkpoint(str(weights))
+    model = load_for_inference(weights)
     output.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=output.parent) as scratch:
         try:

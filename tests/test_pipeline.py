@@ -286,6 +286,27 @@ def test_the_best_weights_of_a_compiled_run_load_in_rfdetr(two_block_run, tmp_pa
     assert (tmp_path / "copy.pth").read_bytes() == best.read_bytes()
 
 
+def test_a_compiled_runs_weights_load_for_inference_with_compile_and_cuda_graphs_off(two_block_run, tmp_path):
+    """A compiled run's best.pth records `compile` and `cuda_graphs` in its model config; rfdetr's `from_checkpoint`
+    restores them, and its `evaluate()` then compiles the module it builds before loading the weights (a RuntimeError
+    on the GPU). The evaluate and export stages load the file with both off (`load_for_inference`), same weights."""
+    from rfdetr.detr import RFDETR
+
+    from pipeline.rfdetr_call import load_for_inference
+
+    workdir, _, _ = two_block_run
+    checkpoint = torch.load(workdir / "results" / "train" / "block_02" / "best.pth", map_location="cpu")
+    checkpoint["model_config"].update(compile=True, cuda_graphs=True)  # as the h200 row's best.pth records them
+    torch.save(checkpoint, tmp_path / "compiled.pth")
+    restored = RFDETR.from_checkpoint(str(tmp_path / "compiled.pth"))
+    assert restored.model_config.compile and restored.model_config.cuda_graphs
+
+    loaded = load_for_inference(tmp_path / "compiled.pth")
+    assert not loaded.model_config.compile and not loaded.model_config.cuda_graphs
+    expected, got = restored.model.model.state_dict(), loaded.model.model.state_dict()
+    assert got.keys() == expected.keys() and all(torch.equal(got[name], expected[name]) for name in expected)
+
+
 def test_without_the_onnx_extra_the_export_stops_naming_it(two_block_run, tmp_path):
     workdir, _, _ = two_block_run
     weights = workdir / "results" / "train" / "block_02" / "best.pth"
