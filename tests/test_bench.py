@@ -3,9 +3,16 @@ compared image for image when the batch differs."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from bench.side_by_side import loss_difference, on_the_same_images, side_by_side
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def run(images_per_second: float, losses: list[float], batch: int) -> dict:
@@ -196,6 +203,41 @@ def test_the_projection_adds_epochs_at_the_measured_rates_and_each_blocks_start(
     assert direct["inputs"]["validation_seconds"] == 4.0 and direct["epoch_seconds"] == 24.0  # 2000 / 100 + 4
     with pytest.raises(ValueError, match="each of 200 images"):
         project(measured, 100, 2000, 200, 4, 2, validation={"validations": [{"images": 500, "seconds": 1.0}] * 2})
+
+
+def test_the_cold_start_is_the_cold_runs_first_epoch_extras_less_the_warm_runs(tmp_path):
+    from bench.projection import cold_start_seconds
+
+    def run(overhead: float, first_validation: float) -> dict:
+        later = [{"epoch": e, "images": 1000, "train_seconds": 10.0, "val_seconds": 5.0} for e in (1, 2)]
+        first = {"epoch": 0, "images": 1000, "train_seconds": 10.0 + overhead, "val_seconds": first_validation}
+        return {
+            "epoch0_overhead_seconds": overhead,
+            "first_validation_seconds": first_validation,
+            "records": [first, *later],
+        }
+
+    cold, warm = run(180.0, 110.0), run(20.0, 15.0)
+    assert cold_start_seconds(cold, warm) == (180 + 110 - 5) - (20 + 15 - 5)
+    # the command: the same cold start as the arithmetic, shown among the inputs
+    (tmp_path / "cold.json").write_text(json.dumps({"a": cold}))
+    (tmp_path / "warm.json").write_text(json.dumps({"b": warm}))
+    common = [sys.executable, "-m", "bench.projection", str(tmp_path / "warm.json"), "--run", "b"]
+    printed = subprocess.run(
+        [*common, "--measured-val-images", "100", "--cold", str(tmp_path / "cold.json"), "--cold-run", "a"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(printed.stdout)["inputs"]["cold_start_seconds"] == 255.0
+    refused = subprocess.run(
+        [*common, "--measured-val-images", "100", "--cold", str(tmp_path / "cold.json")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert refused.returncode == 2 and "--cold needs --cold-run" in refused.stderr
 
 
 @pytest.mark.parametrize(("detail", "low_kb", "high_kb"), [("photo", 55, 90), ("coco", 135, 190)])
