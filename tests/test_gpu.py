@@ -37,7 +37,7 @@ def test_the_h200_row_as_a_user_gets_it_captures_and_replays_cuda_graphs(workdir
     write_gpu_config(workdir, config)
     result = run_snakemake(workdir)
     assert result.returncode == 0, result.stdout[-5000:]
-    # the evaluate stage runs on the GPU too, with the run's profile (bf16)
+    # the evaluate stage runs on the GPU too, in the run's precision (bf16), without compile (load_for_inference)
     evaluation = json.loads((workdir / "results" / "eval" / "metrics.json").read_text())
     assert evaluation["device"] == "cuda" and evaluation["precision"] == "bf16"
     assert 0 <= evaluation["AP"] <= 1 and evaluation["images"] == config["verify"]["expected_images"]["val2017"]
