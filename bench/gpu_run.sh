@@ -8,7 +8,8 @@
 #        validation: [RUNS='name|bench.validation args;...'] [EPOCHS=2] bench/gpu_run.sh validation  (loader alone first)
 #        noise:  [EPOCHS=3] [SPLIT_CPUS=1] bench/gpu_run.sh noise   (the stock recipe twice, at once: its run-to-run noise)
 #        (two GPUs)
-# Needs the wheelhouse in .whl (../shared/gpu/wheelhouse.sh -d .whl); the data comes from bench/synth_coco.py.
+# Needs the wheelhouse in .whl (../shared/gpu/wheelhouse.sh -d .whl) unless rfdetr and snakemake already import (after
+# bench/fp8_offline.sh install); the data comes from bench/synth_coco.py.
 set -euo pipefail
 phase=$1
 OUT=${OUT:-/tmp/bench-out}
