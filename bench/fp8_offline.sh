@@ -31,13 +31,17 @@ case ${1:-} in
           --platform manylinux2014_x86_64 --platform any)
     "$here/../shared/gpu/transformer_engine.sh" pack "$tmp/te" >/dev/null
     mkdir -p "$tmp/files" && mv "$tmp"/te/te*/* "$tmp/files/"
-    # the sdist's own requirements stand in for it (pip cannot resolve an sdist for another platform)
-    python3 - "$here/pyproject.toml" > "$tmp/requirements.txt" <<'EOF'
-import sys, tomllib
-project = tomllib.load(open(sys.argv[1], "rb"))["project"]
-print("\n".join(project["dependencies"] + ["transformer-engine==2.20.2", "transformer-engine-cu13==2.20.2",
-      "einops", "onnxscript", "onnx", "packaging", "pydantic", "nvdlfw-inspect", "nvidia-cudnn-frontend>=1.29",
-      "setuptools", "wheel", "ninja"]))
+    # the torch extension's sdist cannot be resolved for another platform: its own requirements (PKG-INFO) stand in
+    # for it, beside the project's dependencies, the Transformer Engine wheels and FP8_INSTALL's build tools
+    python3 - "$here/pyproject.toml" "$tmp/files/transformer_engine_torch-$V.tar.gz" "$V" > "$tmp/requirements.txt" <<'EOF'
+import email, sys, tarfile, tomllib
+pyproject, sdist, version = sys.argv[1:]
+with tarfile.open(sdist) as archive:
+    info = archive.extractfile(f"transformer_engine_torch-{version}/PKG-INFO").read().decode()
+requirements = tomllib.load(open(pyproject, "rb"))["project"]["dependencies"]
+requirements += email.message_from_string(info).get_all("Requires-Dist")
+requirements += [f"transformer-engine=={version}", "setuptools", "wheel", "ninja"]
+print("\n".join(requirements))
 EOF
     python3 -m pip install -q --dry-run --ignore-installed --report "$tmp/report.json" --target "$tmp/none" \
       "${plat[@]}" --find-links "$tmp/files" --find-links "$wheels" -r "$tmp/requirements.txt"
