@@ -164,6 +164,13 @@ SPEEDUPS: tuple[Speedup, ...] = (
         # on the CPU the training process is the one computing, so handing matching to workers only adds their start
         gpu_only=True,
     ),
+    _patch(
+        "eager_validation",
+        ("rfdetr.training.module_model:RFDETRModelModule._resolve_eval_model",),
+        "validation runs the model uncompiled: no eval-graph compile at each job's first validation",
+        "tests/test_eager_validation.py::test_validation_runs_the_compiled_models_module_without_compiling_it",
+        gpu_only=True,  # rfdetr compiles only on CUDA: on the CPU there is no wrapper to look through
+    ),
     _callback(
         "static_cuda_graphs",
         "StaticCudaGraphs",
