@@ -2,10 +2,10 @@
 
 On a GPU with `compile: true`, rfdetr 1.11.2 forwards validation batches through the compiled model (or the EMA copy
 of it). Validation runs in eval mode without gradients, so torch.compile compiles a second graph for it at the
-first validation of every training job: on the H200 about 110 s with cold compile caches and about 22 s with warm
-ones, paid again by each block (BENCHMARKS.md, "Validation of COCO's 5,000 images"). Run eagerly, the forward pass
-of COCO's 5,000 validation images takes about 0.8 s longer per validation, so over a 40-epoch run in blocks eager
-validation costs less than one cold compile.
+first validation: on the H200 the first validation of 500 images took 132.7 s with that graph not yet in the
+compile cache, against 20.1 s uncompiled (BENCHMARKS.md, "Each lever"). The cache stays with the run, so a run pays
+this once. In exchange the forward pass of COCO's 5,000 validation images takes about 0.8 s longer uncompiled
+(1.94 against 1.12 s), about 32 s over 40 epochs.
 
 This wraps `RFDETRModelModule._resolve_eval_model`, the one place rfdetr picks the model a validation batch runs
 through: where that model is a torch.compile wrapper, validation gets the module it wraps, which holds the same
