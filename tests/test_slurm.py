@@ -206,8 +206,14 @@ def processes_of_job(job_id: str) -> list[psutil.Process]:
 
 
 def training_ranks_of_job(job_id: str) -> list[psutil.Process]:
-    """The workflow's training processes (rank 0 and the ranks Lightning starts) in SLURM job `job_id`."""
-    return [p for p in processes_of_job(job_id) if p.name().startswith("python") and "scripts.train" in p.cmdline()]
+    """The workflow's training processes (rank 0 and the ranks Lightning starts) in SLURM job `job_id`; one that
+    ends while it is being looked at is not counted (the job's shell can exit between the listing and the look)."""
+    ranks = []
+    for process in processes_of_job(job_id):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if process.name().startswith("python") and "scripts.train" in process.cmdline():
+                ranks.append(process)
+    return ranks
 
 
 def test_a_training_job_cancelled_mid_block_leaves_no_training_process_and_is_resumed(
