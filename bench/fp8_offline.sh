@@ -66,11 +66,11 @@ for item in json.load(open('$tmp/report.json'))['install']:
     cat "$files"/part.[0-4] > "$files/$CORE" && (cd "$files" && md5sum -c core.md5) && rm "$files"/part.[0-4]
     # read as text: importing pipeline.gpu_profiles needs the packages this command is about to install
     command=$(cd "$here" && python3 -c 'import ast; print(next(n.value.value for n in ast.parse(open("pipeline/gpu_profiles.py").read()).body if isinstance(n, ast.Assign) and n.targets[0].id == "FP8_INSTALL"))')
-    echo "$ $command   (PIP_NO_INDEX=1, PIP_FIND_LINKS=$files $wheels; pip is $(command -v pip))"
     # the command's `pip` must be the pip of the Python that holds torch (in a user's venv it is; on the CUDA image
     # /usr/local/bin/pip belongs to another interpreter), so a shim ahead on PATH runs `python3 -m pip`
     mkdir -p /tmp/fp8-pip && printf '#!/bin/sh\nexec %s -m pip "$@"\n' "$(python3 -c 'import sys; print(sys.executable)')" > /tmp/fp8-pip/pip
     chmod +x /tmp/fp8-pip/pip && export PATH=/tmp/fp8-pip:$PATH
+    echo "$ $command   (PIP_NO_INDEX=1, PIP_FIND_LINKS=$files $wheels; pip is $(command -v pip): $(pip --version))"
     cd "$here" && time PIP_NO_INDEX=1 PIP_FIND_LINKS="$files $wheels" bash -c "$command"
     python3 -c "import transformer_engine.pytorch as te, importlib.metadata as m; print('transformer_engine', m.version('transformer_engine'), 'imports')" ;;
   *) sed -n 2,20p "$0"; exit 2 ;;
