@@ -1,5 +1,5 @@
 # RF-DETR Nano trained from scratch on COCO2017: download -> extract -> verify -> (stage + train blocks) -> plot,
-# evaluate, export.
+# evaluate, export; on a GPU, the compile warm-up runs beside the download.
 # See README.md. Settings: config.yaml (validated against schemas/config.schema.yaml).
 from snakemake.utils import min_version
 
@@ -14,6 +14,7 @@ include: "rules/common.smk"
 include: "rules/download.smk"
 include: "rules/extract.smk"
 include: "rules/verify.smk"
+include: "rules/compile_warmup.smk"
 include: "rules/train.smk"
 include: "rules/plot.smk"
 include: "rules/evaluate.smk"

@@ -13,6 +13,7 @@ peak GPU memory, and writes them to <out>/summary.json.
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 import subprocess
@@ -64,6 +65,16 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         "first_validation_seconds": first["val_seconds"],
         "peak_memory_gb": max(r["peak_memory_gb"] for r in records),
     }
+
+
+def job_seconds(benchmarks: Path) -> dict[str, float]:
+    """Each job's wall seconds from Snakemake's `benchmark:` files (<rule folder>/<name>.tsv, column `s`)."""
+    seconds = {}
+    for tsv in sorted(benchmarks.rglob("*.tsv")):
+        with open(tsv) as handle:
+            rows = list(csv.DictReader(handle, delimiter="\t"))
+        seconds[f"{tsv.parent.name}/{tsv.stem}"] = round(float(rows[-1]["s"]), 1)
+    return seconds
 
 
 def run_logged(command: list[str], log: Path, env: dict[str, str], cwd: Path = REPO) -> float:
@@ -122,8 +133,11 @@ def run_pipeline(
         steadies = [s["steady_images_per_second"] for s in (summary, warm) if s["steady_images_per_second"]]
         summary["steady_images_per_second"] = round(sum(steadies) / len(steadies), 1) if steadies else None
     run = read_json(blocks[0] / "run.json")
+    warmup = out / "results" / "train" / "compile_warmup.json"
     return {
         "wall_seconds": wall,
+        "job_seconds": job_seconds(out / "results" / "benchmarks"),
+        "compile_warmup": read_json(warmup) if warmup.is_file() else None,
         **summary,
         "profile": run["profile"],
         "profile_reason": run["profile_reason"],

@@ -84,7 +84,9 @@ case $phase in
               || echo "failed: $?" >> "$OUT/compare-$name.txt"
             kill $dmon || true
             cp "/tmp/r-$name/summary.json" "$OUT/summary-$name.json" || true
-            f=/tmp/r-$name/$name/results/logs/train/block_01.log; [ -f "$f" ] && tail -c 200000 "$f" > "$OUT/$name-block_01.log"
+            for f in block_01 compile_warmup; do
+              log=/tmp/r-$name/$name/results/logs/train/$f.log; [ -f "$log" ] && tail -c 200000 "$log" > "$OUT/$name-$f.log"
+            done
             exit 0 ;;
   validation)  # the data loader alone (LOADER_WORKERS=16; 0 skips it), then bench.validation for each run of RUNS, one
             # after the other on GPU 0, sharing one compile cache (the first run compiles cold, the next ones find its graphs);

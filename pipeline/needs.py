@@ -84,7 +84,7 @@ def gpu_preflight(config: Mapping[str, Any], rules_due: set[str]) -> str | None:
     """The train job's message for a missing GPU, when a job that needs one is due on this machine; else None."""
     if not config.get("preflight", True) or config["train"]["device"] != "cuda":
         return None
-    if not rules_due & {"train_block", "evaluate"}:
+    if not rules_due & {"compile_warmup", "train_block", "evaluate"}:
         return None
     try:
         detect_device("cuda")

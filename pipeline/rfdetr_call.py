@@ -11,14 +11,18 @@ has it on by default). None of these changes what is trained. Shown by `tests/te
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pipeline.common import StageError, log
 from pipeline.dataset import count_images
-from pipeline.gpu_profiles import Device, batch_multiple
+from pipeline.gpu_profiles import Device, batch_multiple, detect_device, resolve_profile, settle_profile
+from rfdetr_extensions import Selection, SpeedupOptions, applied, select_speedups
 
 AMP_DTYPE = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "fp32": None}  # profile precision -> train(amp_dtype=)
 
@@ -176,3 +180,70 @@ def load_for_inference(weights: Path) -> Any:
     from rfdetr.detr import RFDETR
 
     return RFDETR.from_checkpoint(str(weights), compile=False, cuda_graphs=False)
+
+
+@dataclass(frozen=True)
+class TrainingRoute:
+    """How this machine trains: its device, the speedups selected for it and the installed rfdetr, and the GPU
+    profile (settled: FP8 checked, CUDA graphs only where they can run) with the reason it was chosen."""
+
+    device: Device
+    speedups: Selection
+    profile: dict[str, Any]
+    reason: str
+
+
+def training_route(
+    train: Mapping[str, Any], profiles: Sequence[Mapping[str, Any]], rfdetr_version: str
+) -> TrainingRoute:
+    """The route the train stage takes on this machine, logged. The compile warm-up (`scripts/compile_warmup.py`)
+    takes the same one, so that it compiles the graphs training will look up."""
+    device = detect_device(train["device"])
+    speedups = select_speedups(train["speedups"], rfdetr_version, device_kind=device.kind)
+    profile, reason = resolve_profile(profiles, device, train["profile"])
+    static_graphs = "static_cuda_graphs" in speedups.names()
+    profile, reason = settle_profile(profile, reason, device, train, static_graphs=static_graphs)
+    log.info("Device: %s", device.describe())
+    log.info("GPU profile: %s (%s): %s", profile["name"], reason, json.dumps(profile, sort_keys=True))
+    for line in speedups.report():
+        log.info("%s", line)
+    return TrainingRoute(device, speedups, profile, reason)
+
+
+def run_rfdetr(
+    recipe: Mapping[str, Any],
+    profile: Mapping[str, Any],
+    kwargs: dict[str, Any],
+    end: int,
+    speedups: Selection,
+    options: SpeedupOptions,
+) -> None:
+    """rfdetr's train() with the workflow's callbacks and the selected speedups, stopping after epoch `end`; a
+    SIGTERM (a scheduler, a user) becomes a clear error."""
+    import pytorch_lightning as pl
+    from pytorch_lightning.utilities.exceptions import SIGTERMException
+    from rfdetr import RFDETRNano
+
+    from rfdetr_extensions.callbacks.block_end import StopAtBlockEnd
+    from rfdetr_extensions.callbacks.epoch_log import EpochLog
+    from rfdetr_extensions.fp8_validation import validation_of_any_size
+    from rfdetr_extensions.trainer_hook import extra_callbacks
+
+    # rfdetr seeds inside train(), after the model is built: seed first so the random initialisation is
+    # reproducible too (the same seed gives the same run).
+    pl.seed_everything(recipe["seed"], workers=True)
+    model = RFDETRNano(pretrain_weights=None, compile=profile["compile"], cuda_graphs=profile["cuda_graphs"])
+    workflow_callbacks = [StopAtBlockEnd(end), EpochLog(Path(kwargs["output_dir"]) / "epochs.jsonl")]
+    plugins = single_node_ddp_plugins(recipe["gpus"])
+    fp8 = profile["precision"] == "fp8"
+    try:
+        with (
+            applied(speedups, options) as speedup_callbacks,
+            extra_callbacks([*workflow_callbacks, *speedup_callbacks], plugins),
+            validation_of_any_size(batch_multiple(profile, recipe["resolution"])) if fp8 else nullcontext(),
+        ):
+            model.train(**kwargs)
+    except SIGTERMException as stop:  # Lightning's SystemExit, which would otherwise exit with status 0
+        raise StageError(
+            "Training was stopped by SIGTERM. The last completed epoch is saved; run snakemake again to resume."
+        ) from stop

@@ -135,6 +135,21 @@ def previous_block(wildcards):
     return block_outputs(names[index - 1]) if index else {}
 
 
+def compile_warmup_report(wildcards):
+    """The first block waits for the compile warm-up of a GPU run (rules/compile_warmup.smk).
+
+    ancient(): a warm-up run again (a recipe change reruns it) must not retrain by itself.
+    """
+    first = wildcards.block == next(iter(BLOCKS))
+    if (
+        first
+        and config["train"]["compile_warmup"]
+        and config["train"]["device"] == "cuda"
+    ):
+        return ancient(str(TRAIN / "compile_warmup.json"))
+    return []
+
+
 def train_mem_mb(wildcards):
     staged = sum(a["extracted_bytes"] for a in config["archives"].values()) // 10**6
     return config["resources"]["train_mem_mb"] + (

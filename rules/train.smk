@@ -6,6 +6,7 @@ rule train_block:
         # mtime, must not retrain; a recipe change does, through params) the dataset report.
         unpack(previous_block),
         dataset=ancient(RESULTS / "verify" / "dataset.json"),
+        compile_warmup=compile_warmup_report,
     output:
         **block_outputs("{block}"),
     log:

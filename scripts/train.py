@@ -20,13 +20,11 @@ import argparse
 import json
 import os
 from collections.abc import Mapping
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 from pipeline.common import StageError, log, pipeline_config, read_json, run_main, where_this_runs, write_json
 from pipeline.dataset import reading_the_copy
-from pipeline.gpu_profiles import batch_multiple, detect_device, resolve_profile, settle_profile
 from pipeline.ranks import die_with_parent, is_main_rank
 from pipeline.recipe import INIT_NOTE, recipe_id, recipe_of
 from pipeline.resume import (
@@ -40,52 +38,14 @@ from pipeline.resume import (
 from pipeline.rfdetr_call import (
     check_loggers,
     configure_compile_cache,
+    run_rfdetr,
     set_host_threads,
-    single_node_ddp_plugins,
     train_kwargs,
+    training_route,
 )
 from pipeline.versions import software_versions
-from rfdetr_extensions import Selection, SpeedupOptions, applied, select_speedups
+from rfdetr_extensions import SpeedupOptions
 from rfdetr_extensions.patching import installed_rfdetr
-
-
-def run_rfdetr(
-    recipe: Mapping[str, Any],
-    profile: Mapping[str, Any],
-    kwargs: dict[str, Any],
-    end: int,
-    speedups: Selection,
-    options: SpeedupOptions,
-) -> None:
-    """rfdetr's train() with the workflow's callbacks and the selected speedups; a SIGTERM (a scheduler, a user)
-    becomes a clear error."""
-    import pytorch_lightning as pl
-    from pytorch_lightning.utilities.exceptions import SIGTERMException
-    from rfdetr import RFDETRNano
-
-    from rfdetr_extensions.callbacks.block_end import StopAtBlockEnd
-    from rfdetr_extensions.callbacks.epoch_log import EpochLog
-    from rfdetr_extensions.fp8_validation import validation_of_any_size
-    from rfdetr_extensions.trainer_hook import extra_callbacks
-
-    # rfdetr seeds inside train(), after the model is built: seed first so the random initialisation is
-    # reproducible too (the same seed gives the same run).
-    pl.seed_everything(recipe["seed"], workers=True)
-    model = RFDETRNano(pretrain_weights=None, compile=profile["compile"], cuda_graphs=profile["cuda_graphs"])
-    workflow_callbacks = [StopAtBlockEnd(end), EpochLog(Path(kwargs["output_dir"]) / "epochs.jsonl")]
-    plugins = single_node_ddp_plugins(recipe["gpus"])
-    fp8 = profile["precision"] == "fp8"
-    try:
-        with (
-            applied(speedups, options) as speedup_callbacks,
-            extra_callbacks([*workflow_callbacks, *speedup_callbacks], plugins),
-            validation_of_any_size(batch_multiple(profile, recipe["resolution"])) if fp8 else nullcontext(),
-        ):
-            model.train(**kwargs)
-    except SIGTERMException as stop:  # Lightning's SystemExit, which would otherwise exit with status 0
-        raise StageError(
-            "Training was stopped by SIGTERM. The last completed epoch is saved; run snakemake again to resume."
-        ) from stop
 
 
 def train_block(args: argparse.Namespace, settings: Mapping[str, Any], rfdetr_version: str) -> None:
@@ -93,17 +53,10 @@ def train_block(args: argparse.Namespace, settings: Mapping[str, Any], rfdetr_ve
     start, end = args.start_epoch, args.end_epoch
     configure_compile_cache(args.state_root / "compile_cache")
 
-    device = detect_device(train["device"])
-    speedups = select_speedups(train["speedups"], rfdetr_version, device_kind=device.kind)
     check_loggers(train["loggers"])
-    profile, reason = resolve_profile(settings["gpu_profiles"], device, train["profile"])
-    static_graphs = "static_cuda_graphs" in speedups.names()
+    route = training_route(train, settings["gpu_profiles"], rfdetr_version)
+    device, speedups, profile, reason = route.device, route.speedups, route.profile, route.reason
     stage, copy_users = reading_the_copy(read_json(args.stage_report))  # held until this process ends
-    profile, reason = settle_profile(profile, reason, device, train, static_graphs=static_graphs)
-    log.info("Device: %s", device.describe())
-    log.info("GPU profile: %s (%s): %s", profile["name"], reason, json.dumps(profile, sort_keys=True))
-    for line in speedups.report():
-        log.info("%s", line)
     log.info(INIT_NOTE)
 
     recipe = recipe_of(train, profile, rfdetr_version)

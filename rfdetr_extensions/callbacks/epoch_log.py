@@ -1,8 +1,10 @@
 """Per-epoch timings, step losses and learning rates of a training run, appended to a JSON-lines file.
 
 `EpochLog` writes one record per epoch (rank 0 only) to the file it is given: train and validation seconds, images
-and images/s, the host's wait for data and for the first batch, peak GPU memory, full garbage collections and the
-objects frozen (`gc_freeze`), and, per step, the learning rate, the training loss and (on a GPU) the step's duration
+and images/s, the host's wait for data and for the first batch, where the validation's time went (its loader's first
+batch, its batches, its end: the COCO metric and the F1 sweep), torch.compile's cache lookups (a cold cache shows
+misses: graphs compiled in this epoch), peak GPU memory, full garbage collections and the objects frozen
+(`gc_freeze`), and, per step, the learning rate, the training loss and (on a GPU) the step's duration
 on the GPU's own clock. Losses stay on the device until the epoch ends and step ends are CUDA events read then, so
 recording them adds no wait for the GPU. The workflow's train stage and `bench.stock_recipe` both use it, so their
 records compare one to one. Shown by `tests/test_pipeline.py` (CPU) and `tests/test_gpu.py` (GPU).
@@ -32,6 +34,19 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
+def compile_cache_counts() -> dict[str, int]:
+    """torch.compile's cache lookups in this process so far: Inductor's compiled graphs (its FX graph cache) and
+    AOTAutograd's forward and backward pairs, each found (hits) or compiled (misses)."""
+    from torch._dynamo.utils import counters
+
+    return {
+        "graph_hits": counters["inductor"]["fxgraph_cache_hit"],
+        "graph_misses": counters["inductor"]["fxgraph_cache_miss"],
+        "autograd_hits": counters["aot_autograd"]["autograd_cache_hit"],
+        "autograd_misses": counters["aot_autograd"]["autograd_cache_miss"],
+    }
+
+
 class EpochLog(pl.Callback):
     """Appends one JSON record per epoch to `path` (see the module's text)."""
 
@@ -58,6 +73,8 @@ class EpochLog(pl.Callback):
         self.step_ended: float | None = None
         self.started = time.perf_counter()
         self.val_seconds = 0.0
+        self.validation = {"first_batch_seconds": 0.0, "batches_seconds": 0.0, "end_seconds": 0.0}
+        self.cache_before = compile_cache_counts()
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
 
@@ -84,10 +101,36 @@ class EpochLog(pl.Callback):
     def on_validation_epoch_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
         sync()
         self.val_started = time.perf_counter()
+        self.val_first_batch: float | None = None
+        self.val_last_batch_end: float | None = None
 
+    def on_validation_batch_start(
+        self, trainer: pl.Trainer, module: pl.LightningModule, batch: Any, idx: int, dataloader_idx: int = 0
+    ) -> None:
+        if self.val_first_batch is None:
+            self.val_first_batch = time.perf_counter()
+
+    def on_validation_batch_end(
+        self,
+        trainer: pl.Trainer,
+        module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self.val_last_batch_end = time.perf_counter()  # host time: the GPU may still run this batch
+
+    # Called after rfdetr's COCO evaluation callback, which computes the metrics in its own epoch-end hook.
     def on_validation_epoch_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
         sync()
-        self.val_seconds += time.perf_counter() - self.val_started
+        ended = time.perf_counter()
+        self.val_seconds += ended - self.val_started
+        first = self.val_first_batch or ended
+        last = self.val_last_batch_end or first
+        self.validation["first_batch_seconds"] += first - self.val_started
+        self.validation["batches_seconds"] += last - first
+        self.validation["end_seconds"] += ended - last
 
     def on_train_epoch_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
         sync()
@@ -100,6 +143,9 @@ class EpochLog(pl.Callback):
         self.record.update(
             train_seconds=round(train_seconds, 3),
             val_seconds=round(self.val_seconds, 3),
+            # validation start to its first batch (its loader's start), its first batch to the host's last batch
+            # end, and from there to its end (the GPU's last batches, the COCO metric, the F1 sweep)
+            validation={name: round(seconds, 3) for name, seconds in self.validation.items()},
             images_per_second=round(self.record["images"] / max(train_seconds, 1e-9), 2),
             data_wait_seconds=round(self.data_wait, 3),
             # epoch start to the first step: the loader's first batch (and any epoch-start work)
@@ -108,6 +154,7 @@ class EpochLog(pl.Callback):
             full_collections=self.full_collections.count - self.collections_before[0],
             full_collection_seconds=round(self.full_collections.seconds - self.collections_before[1], 3),
             frozen_objects=gc.get_freeze_count(),  # objects full collections skip (gc_freeze)
+            compile_cache={name: count - self.cache_before[name] for name, count in compile_cache_counts().items()},
             peak_memory_gb=round(torch.cuda.max_memory_allocated() / 2**30, 2) if torch.cuda.is_available() else 0,
         )
         if trainer.is_global_zero:
