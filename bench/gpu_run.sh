@@ -2,7 +2,8 @@
 # The GPU measurements of BENCHMARKS.md, on a machine without network (the project's device machine).
 # usage: bench/gpu_run.sh stock|pipeline|ddp|recompiles|levers|profile|route|validation  (OUT: results folder, default /tmp/bench-out;
 #        N_TRAIN, N_VAL, DETAIL=photo|coco: the synthetic set, bench/synth_coco.py, written to DATA if it is not there)
-#        route:  ROUTE=<gpu_profiles row> NAME=<name> [EPOCHS=3] [SHARE_CACHE=1] [TRAIN='<train settings as JSON>'] bench/gpu_run.sh route
+#        route:  ROUTE=<gpu_profiles row> NAME=<name> [EPOCHS=3] [SHARE_CACHE=1] [TRAIN='<train settings as JSON>']
+#                [COMPILE_WARMUP=1: the compile_warmup rule first] bench/gpu_run.sh route
 #        levers: VARIANT='<a gpu_profiles row as JSON>' [TRAIN='<train settings as JSON>'] NAME=<name> [EPOCHS=3] [LOADER_WORKERS='16 32']
 #                [SPLIT_CPUS=1: half the CPUs each] bench/gpu_run.sh levers
 #        validation: [RUNS='name|bench.validation args;...'] [EPOCHS=2] bench/gpu_run.sh validation  (loader alone first)
@@ -80,7 +81,8 @@ case $phase in
             nvidia-smi dmon -s u -d 2 > "$OUT/dmon-$name.txt" 2>&1 & dmon=$!
             CUDA_VISIBLE_DEVICES=0 timeout "${LIMIT:-540}" python3 -m bench.compare --dataset "$DATA" --out "/tmp/r-$name" \
               --only pipeline --name "$name" --profile "${ROUTE:?ROUTE names a gpu_profiles row}" --train "${TRAIN:-{\}}" \
-              --pipeline-epochs "${EPOCHS:-3}" --epochs-per-block "${EPOCHS:-3}" > "$OUT/compare-$name.txt" 2>&1 \
+              --pipeline-epochs "${EPOCHS:-3}" --epochs-per-block "${EPOCHS:-3}" \
+              $([ "${COMPILE_WARMUP:-0}" = 1 ] && echo --compile-warmup) > "$OUT/compare-$name.txt" 2>&1 \
               || echo "failed: $?" >> "$OUT/compare-$name.txt"
             kill $dmon || true
             cp "/tmp/r-$name/summary.json" "$OUT/summary-$name.json" || true

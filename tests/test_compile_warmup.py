@@ -36,32 +36,34 @@ def dag_edges(workdir: Path) -> set[tuple[str, str]]:
     return {(names[later], names[earlier]) for earlier, later in re.findall(r"^\s*(\d+) -> (\d+)", dot.stdout, re.M)}
 
 
+WARMUP_EDGES = {
+    ("compile_warmup", "extract_archive:annotations"),
+    ("compile_warmup", "extract_archive:val2017"),
+    ("train_block:block_01", "compile_warmup"),
+}
+
+
 @pytest.mark.parametrize(
-    ("device", "train", "expected"),
+    ("device", "train", "extracted", "expected"),
     [
-        (
-            "cuda",
-            {},
-            {
-                ("compile_warmup", "extract_archive:annotations"),
-                ("compile_warmup", "extract_archive:val2017"),
-                ("train_block:block_01", "compile_warmup"),
-            },
-        ),
-        ("cuda", {"compile_warmup": False}, set()),
-        ("cpu", {}, set()),
+        ("cuda", {}, False, WARMUP_EDGES),
+        ("cuda", {"compile_warmup": False}, False, set()),
+        ("cpu", {}, False, set()),
+        ("cuda", {}, True, set()),  # train2017 already there: no download to run beside
     ],
 )
-def test_on_a_gpu_run_the_first_block_waits_for_the_warmup_which_waits_only_for_val2017(
-    tmp_path, server, archives, device, train, expected
+def test_on_a_gpu_run_the_first_block_waits_for_the_warmup_which_runs_beside_the_train2017_download(
+    tmp_path, server, archives, device, train, extracted, expected
 ):
     write_config(tmp_path, tiny_config(tmp_path, server.url, archives, device=device, epochs=2, **train))
+    if extracted:
+        (tmp_path / "data" / "coco2017" / "train2017").mkdir(parents=True)
     edges = dag_edges(tmp_path)
     assert {edge for edge in edges if "compile_warmup" in edge} == expected
-    # the train2017 download does not wait for it: the two run side by side
+    # the train2017 download waits for val2017's extraction, as the warm-up does, and not for the warm-up
     download = "download_archive:train2017"
-    assert (download, "extract_archive:val2017") in edges and (download, "compile_warmup") not in edges
-    assert ("train_block:block_02", "compile_warmup") not in edges
+    assert extracted or (download, "extract_archive:val2017") in edges
+    assert (download, "compile_warmup") not in edges and ("train_block:block_02", "compile_warmup") not in edges
 
 
 def test_the_warmup_set_links_val2017_images_with_boxes_first_and_keeps_every_category(tiny_dataset, tmp_path):

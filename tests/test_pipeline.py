@@ -74,6 +74,11 @@ def test_every_stage_leaves_its_outputs(two_block_run, tiny_dataset):
         assert [r["epoch"] for r in records] == epochs
         # the training process froze its objects after the epoch's first steps (the gc_freeze speedup)
         assert all(r["frozen_objects"] > 10_000 for r in records)
+        # where the validation's time went (its end: rfdetr's COCO metric), and torch.compile's cache lookups
+        for r in records:
+            assert sum(r["validation"].values()) == pytest.approx(r["val_seconds"], abs=0.01)
+            assert r["validation"]["batches_seconds"] > 0 and r["validation"]["end_seconds"] > 0
+            assert set(r["compile_cache"]) == {"graph_hits", "graph_misses", "autograd_hits", "autograd_misses"}
         assert torch.load(folder / "checkpoint.ckpt", map_location="cpu", weights_only=False)["epoch"] == epochs[-1]
     assert not list((workdir / "shm").glob("rfdetr-coco2017-*"))  # the copy, removed after the last block
     # logs and benchmarks per rule
