@@ -15,7 +15,7 @@ uses a cache entry only for a graph that matches it, so a warm-up that compiled 
 nothing but the compile it would have done anyway. A route that compiles nothing (the CPU, the FP8 route) or several
 GPUs (DDP compiles one graph per gradient bucket) is not warmed up, with the reason in the report. Shown by
 `tests/test_compile_warmup.py` and, on the GPU, by
-`tests/test_gpu.py::test_after_the_compile_warmup_the_first_block_compiles_nothing`.
+`tests/test_gpu.py::test_the_h200_row_as_a_user_gets_it_captures_and_replays_cuda_graphs`.
 """
 
 from __future__ import annotations
