@@ -136,21 +136,23 @@ def previous_block(wildcards):
 
 
 def compile_warmup_report(wildcards):
-    """The first block of a GPU run waits for the compile warm-up (rules/compile_warmup.smk), when train2017 has
-    yet to be extracted: the warm-up runs beside its download. With the data already there, nothing would hide it,
+    """The first block of a GPU run waits for the compile warm-up (rules/compile_warmup.smk) when train2017 has yet
+    to be extracted, so that the warm-up runs beside its download. With the data already there nothing would hide it,
     and it would delay training by about as much as it saves (BENCHMARKS.md, "Cold start").
 
-    ancient(): a warm-up run again (a recipe change reruns it) must not retrain by itself.
+    A report already written keeps the block's inputs as they were when it trained, in later runs too: Snakemake
+    reruns a job whose set of inputs changed. ancient(): a warm-up run again (a recipe change reruns it) must not
+    retrain by itself.
     """
+    warmup_report = TRAIN / "compile_warmup.json"
     first = wildcards.block == next(iter(BLOCKS))
-    train = config["train"]
+    wanted = config["train"]["compile_warmup"] and config["train"]["device"] == "cuda"
     if (
         first
-        and train["compile_warmup"]
-        and train["device"] == "cuda"
-        and not (DATASET / "train2017").exists()
+        and wanted
+        and (warmup_report.exists() or not (DATASET / "train2017").exists())
     ):
-        return ancient(str(TRAIN / "compile_warmup.json"))
+        return ancient(str(warmup_report))
     return []
 
 

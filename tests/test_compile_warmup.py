@@ -44,20 +44,25 @@ WARMUP_EDGES = {
 
 
 @pytest.mark.parametrize(
-    ("device", "train", "extracted", "expected"),
+    ("device", "train", "extracted", "reported", "expected"),
     [
-        ("cuda", {}, False, WARMUP_EDGES),
-        ("cuda", {"compile_warmup": False}, False, set()),
-        ("cpu", {}, False, set()),
-        ("cuda", {}, True, set()),  # train2017 already there: no download to run beside
+        ("cuda", {}, False, False, WARMUP_EDGES),
+        ("cuda", {"compile_warmup": False}, False, False, set()),
+        ("cpu", {}, False, False, set()),
+        ("cuda", {}, True, False, set()),  # train2017 already there: no download to run beside
+        # a later run of a run that warmed up: the first block keeps the inputs it trained with
+        ("cuda", {}, True, True, WARMUP_EDGES),
     ],
 )
 def test_on_a_gpu_run_the_first_block_waits_for_the_warmup_which_runs_beside_the_train2017_download(
-    tmp_path, server, archives, device, train, extracted, expected
+    tmp_path, server, archives, device, train, extracted, reported, expected
 ):
     write_config(tmp_path, tiny_config(tmp_path, server.url, archives, device=device, epochs=2, **train))
     if extracted:
         (tmp_path / "data" / "coco2017" / "train2017").mkdir(parents=True)
+    if reported:
+        (tmp_path / "results" / "train").mkdir(parents=True)
+        (tmp_path / "results" / "train" / "compile_warmup.json").write_text('{"compiled": true}')
     edges = dag_edges(tmp_path)
     assert {edge for edge in edges if "compile_warmup" in edge} == expected
     # the train2017 download waits for val2017's extraction, as the warm-up does, and not for the warm-up
