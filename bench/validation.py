@@ -3,7 +3,7 @@
 usage: python -m bench.validation --dataset DIR --out FILE.json [--epochs 3] [--speedups all|none|NAME,...|all,-NAME]
            [--workers 16] [--profile auto|NAME] [--eager] [--state DIR]
 
-Trains `--epochs` epochs through the train stage's own rfdetr call (`scripts.train.run_rfdetr`: config.yaml's
+Trains `--epochs` epochs through the train stage's own rfdetr call (`pipeline.rfdetr_call.run_rfdetr`: config.yaml's
 recipe and GPU profile, the selected speedups), so validation runs exactly as in a workflow run. Use a set with few
 training images and many validation images (`bench/synth_coco.py DIR 1024 5000`): then most of the time is
 validation. Two Lightning callbacks, one before and one after every other callback, wait for the GPU at each
@@ -28,16 +28,15 @@ import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from pipeline.common import log, run_main, write_json
-from pipeline.gpu_profiles import detect_device, resolve_profile, settle_profile
 from pipeline.recipe import recipe_of
-from pipeline.rfdetr_call import configure_compile_cache, set_host_threads, train_kwargs
-from rfdetr_extensions import SpeedupOptions, select_speedups
+from pipeline.rfdetr_call import configure_compile_cache, run_rfdetr, train_kwargs, training_route
 from rfdetr_extensions.patching import installed_rfdetr, patch_rfdetr
 
 PHASES = ("loader", "forward", "batch_callbacks", "epoch_end", "validation_end")
@@ -138,7 +137,6 @@ def clocked_trainer(record: PhaseRecord) -> Iterator[None]:
 
 def main() -> None:
     from bench.profile_steps import parse_speedups
-    from scripts.train import run_rfdetr
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", required=True, type=Path)
@@ -157,26 +155,20 @@ def main() -> None:
     settings = yaml.safe_load(Path("config.yaml").read_text())
     train = {**settings["train"], "epochs": args.epochs, "speedups": args.speedups, "device": args.device}
     version = installed_rfdetr()
-    speedups = select_speedups(train["speedups"], version)
-    device = detect_device(train["device"])
-    profile, reason = resolve_profile(settings["gpu_profiles"], device, args.profile)
-    profile, reason = settle_profile(
-        profile, reason, device, train, static_graphs="static_cuda_graphs" in speedups.names()
-    )
+    route = training_route({**train, "profile": args.profile}, settings["gpu_profiles"], version)
     if args.eager:  # no compile: minutes less per run, the same validation code around the model
-        profile = {**profile, "compile": False, "cuda_graphs": False, "name": f"{profile['name']}-eager"}
+        eager = {"compile": False, "cuda_graphs": False, "name": f"{route.profile['name']}-eager"}
+        route = replace(route, profile={**route.profile, **eager})
+    device, speedups, profile = route.device, route.speedups, route.profile
     recipe = recipe_of(train, profile, version)
     state_dir = args.state or args.out.parent / f"{args.out.stem}-state"
     state_dir.mkdir(parents=True, exist_ok=True)
-    configure_compile_cache(state_dir / "compile_cache")
+    configure_compile_cache(state_dir)
     kwargs = train_kwargs(recipe, str(args.dataset), state_dir, args.workers, device, ["csv"])
-    set_host_threads(train["host_threads"], device)
-    log.info("GPU profile %s (%s); speedups: %s", profile["name"], reason, ", ".join(speedups.names()) or "none")
+    log.info("GPU profile %s (%s); speedups: %s", profile["name"], route.reason, ", ".join(speedups.names()) or "none")
     record = PhaseRecord()
     with clocked_trainer(record):
-        run_rfdetr(
-            recipe, profile, kwargs, args.epochs, speedups, SpeedupOptions(loader_niceness=train["loader_niceness"])
-        )
+        run_rfdetr(recipe, route, kwargs, args.epochs, train)
     write_json(args.out, {"profile": profile, "speedups": speedups.names(), "validations": record.records})
     for row in record.records:
         print(json.dumps(row))

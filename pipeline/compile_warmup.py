@@ -33,8 +33,7 @@ from typing import Any
 from pipeline.common import StageError, log
 from pipeline.dataset import count_images
 from pipeline.gpu_profiles import batch_multiple
-from pipeline.rfdetr_call import TrainingRoute, eval_batch_size, run_rfdetr, set_host_threads, train_kwargs
-from rfdetr_extensions import SpeedupOptions
+from pipeline.rfdetr_call import TrainingRoute, eval_batch_size, run_rfdetr, train_kwargs
 
 SOURCE_SPLIT = "val2017"  # extracted before train2017 is downloaded (config.yaml: archives, in order)
 
@@ -100,9 +99,7 @@ def compile_by_training(
         images = write_warmup_dataset(dataset, warmup_set, warmup_images(dataset, dict(recipe)))
         log.info("Compile warm-up: one epoch of %d val2017 images, GPU profile %s", images, route.profile["name"])
         kwargs = train_kwargs(recipe, str(warmup_set), state, workers, route.device, loggers=("csv",))
-        set_host_threads(train["host_threads"], route.device)
-        options = SpeedupOptions(loader_niceness=train["loader_niceness"])
-        run_rfdetr(recipe, route.profile, kwargs, 1, route.speedups, options)
+        run_rfdetr(recipe, route, kwargs, 1, train)
         (epoch,) = [json.loads(line) for line in (state / "epochs.jsonl").read_text().splitlines()]
     seconds = round(time.perf_counter() - started, 1)
     log.info("Compile warm-up: %.1f s; compile cache lookups: %s", seconds, json.dumps(epoch["compile_cache"]))

@@ -145,8 +145,10 @@ def single_node_ddp_plugins(gpus: int) -> list[Any]:
     return [LightningEnvironment()]
 
 
-def configure_compile_cache(cache_dir: Path) -> None:
-    """Keep torch.compile's caches with the run so a resumed job or the next block reuses them."""
+def configure_compile_cache(state_root: Path) -> None:
+    """Keep torch.compile's caches with the run, in `state_root`/compile_cache, so a resumed job, the next block and
+    the first block after the compile warm-up reuse them."""
+    cache_dir = state_root / "compile_cache"
     cache_dir.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor"))
     os.environ.setdefault("TRITON_CACHE_DIR", str(cache_dir / "triton"))
@@ -211,15 +213,11 @@ def training_route(
 
 
 def run_rfdetr(
-    recipe: Mapping[str, Any],
-    profile: Mapping[str, Any],
-    kwargs: dict[str, Any],
-    end: int,
-    speedups: Selection,
-    options: SpeedupOptions,
+    recipe: Mapping[str, Any], route: TrainingRoute, kwargs: dict[str, Any], end: int, train: Mapping[str, Any]
 ) -> None:
-    """rfdetr's train() with the workflow's callbacks and the selected speedups, stopping after epoch `end`; a
-    SIGTERM (a scheduler, a user) becomes a clear error."""
+    """rfdetr's train() on `route` with the workflow's callbacks and the route's speedups, stopping after epoch
+    `end`, with the how-to-run settings of `train` (host threads, loader niceness); a SIGTERM (a scheduler, a user)
+    becomes a clear error."""
     import pytorch_lightning as pl
     from pytorch_lightning.utilities.exceptions import SIGTERMException
     from rfdetr import RFDETRNano
@@ -231,6 +229,9 @@ def run_rfdetr(
 
     # rfdetr seeds inside train(), after the model is built: seed first so the random initialisation is
     # reproducible too (the same seed gives the same run).
+    profile = route.profile
+    set_host_threads(train["host_threads"], route.device)
+    options = SpeedupOptions(loader_niceness=train["loader_niceness"])
     pl.seed_everything(recipe["seed"], workers=True)
     model = RFDETRNano(pretrain_weights=None, compile=profile["compile"], cuda_graphs=profile["cuda_graphs"])
     workflow_callbacks = [StopAtBlockEnd(end), EpochLog(Path(kwargs["output_dir"]) / "epochs.jsonl")]
@@ -238,7 +239,7 @@ def run_rfdetr(
     fp8 = profile["precision"] == "fp8"
     try:
         with (
-            applied(speedups, options) as speedup_callbacks,
+            applied(route.speedups, options) as speedup_callbacks,
             extra_callbacks([*workflow_callbacks, *speedup_callbacks], plugins),
             validation_of_any_size(batch_multiple(profile, recipe["resolution"])) if fp8 else nullcontext(),
         ):

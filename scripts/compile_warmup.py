@@ -24,7 +24,7 @@ from rfdetr_extensions.patching import installed_rfdetr
 def warm_up(args: argparse.Namespace, settings: Mapping[str, Any], rfdetr_version: str) -> dict[str, Any]:
     """The warm-up on the route the train stage will take here; its report (see the module's text)."""
     train = {**settings["train"], **json.loads(args.recipe)}
-    configure_compile_cache(args.state_root / "compile_cache")  # the cache the train stage reads
+    configure_compile_cache(args.state_root)  # the cache the train stage reads
     route = training_route(train, settings["gpu_profiles"], rfdetr_version)
     report: dict[str, Any] = {"profile": route.profile["name"], "speedups": route.speedups.names()}
     reason = skip_reason(route, train["gpus"])

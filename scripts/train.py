@@ -39,19 +39,17 @@ from pipeline.rfdetr_call import (
     check_loggers,
     configure_compile_cache,
     run_rfdetr,
-    set_host_threads,
     train_kwargs,
     training_route,
 )
 from pipeline.versions import software_versions
-from rfdetr_extensions import SpeedupOptions
 from rfdetr_extensions.patching import installed_rfdetr
 
 
 def train_block(args: argparse.Namespace, settings: Mapping[str, Any], rfdetr_version: str) -> None:
     train = {**settings["train"], **json.loads(args.recipe)}
     start, end = args.start_epoch, args.end_epoch
-    configure_compile_cache(args.state_root / "compile_cache")
+    configure_compile_cache(args.state_root)
 
     check_loggers(train["loggers"])
     route = training_route(train, settings["gpu_profiles"], rfdetr_version)
@@ -80,9 +78,7 @@ def train_block(args: argparse.Namespace, settings: Mapping[str, Any], rfdetr_ve
         kwargs = train_kwargs(recipe, stage["path"], state_dir, workers, device, train["loggers"])
         if plan.checkpoint is not None:
             kwargs["resume"] = str(plan.checkpoint)
-        set_host_threads(train["host_threads"], device)
-        options = SpeedupOptions(loader_niceness=train["loader_niceness"])
-        run_rfdetr(recipe, profile, kwargs, end, speedups, options)
+        run_rfdetr(recipe, route, kwargs, end, train)
     if not main_rank:
         return
     if checkpoint_epoch(state_last) + 1 != end:
