@@ -130,6 +130,15 @@ SPEEDUPS: tuple[Speedup, ...] = (
         "tests/test_images_as_bytes.py::test_training_batches_travel_as_bytes_and_arrive_as_rfdetrs_floats",
     ),
     _patch(
+        "validation_images_as_bytes",
+        (
+            "rfdetr.datasets.coco:_route_transforms",
+            "rfdetr.training.module_data:RFDETRDataModule.on_after_batch_transfer",
+        ),
+        "validation images travel from the workers as uint8 and are normalised on the GPU, bit for bit",
+        "tests/test_images_as_bytes.py::test_validation_batches_travel_as_bytes_and_arrive_as_rfdetrs_floats",
+    ),
+    _patch(
         "deformable_sampling",
         ("rfdetr.models.ops.functions.ms_deform_attn_func:_bilinear_grid_sample",),
         "the decoder's bilinear sampling runs as Triton kernels on CUDA (needs Triton)",
@@ -192,6 +201,14 @@ SPEEDUPS: tuple[Speedup, ...] = (
         "the loader's workers decode the next epoch's first batches while the model validates",
         "tests/test_next_epoch_during_validation.py::"
         "test_the_next_epochs_first_batch_is_ready_when_validation_ends_and_the_batches_are_the_same",
+    ),
+    _callback(
+        "validation_loader_ahead",
+        "ValidationLoaderAhead",
+        "when the validation loader's workers start: during the epoch's last training steps, not after them",
+        "the loader's workers decode the first validation batches while the last training steps run",
+        "tests/test_validation_loader_ahead.py::"
+        "test_the_validation_batches_are_on_their_way_before_validation_starts_and_are_the_same",
     ),
 )
 NAMES: tuple[str, ...] = tuple(speedup.name for speedup in SPEEDUPS)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from rfdetr_extensions.patches.images_as_bytes import DeviceNormalize, RelativeTargets, bytes_pipeline, images_as_bytes
+from rfdetr_extensions.patches.validation_images_as_bytes import validation_images_as_bytes
 from tests.helpers.rfdetr_steps import assert_same_batch, on_device, rfdetr_datamodule
 
 
@@ -42,6 +43,40 @@ def test_validation_keeps_rfdetrs_pipeline(tiny_dataset):
     assert torch.equal(loaded[0].tensors, expected[0].tensors)
 
 
+def test_validation_batches_travel_as_bytes_and_arrive_as_rfdetrs_floats(tiny_dataset):
+    expected_loaded = loaded_batch(rfdetr_datamodule(tiny_dataset), "val")
+    expected = on_device(rfdetr_datamodule(tiny_dataset), expected_loaded)
+    with validation_images_as_bytes():
+        module = rfdetr_datamodule(tiny_dataset)
+        loaded = loaded_batch(module, "val")
+        assert loaded[0].tensors.dtype == torch.uint8
+        assert loaded[0].tensors.nbytes * 4 == expected_loaded[0].tensors.nbytes
+        ours = on_device(module, loaded)
+        training = loaded_batch(module)  # the training set keeps rfdetr's pipeline
+    assert training[0].tensors.dtype == torch.float32
+    assert_same_batch(ours, expected)
+
+
+def test_both_sets_as_bytes_share_one_conversion_and_rfdetrs_hook_comes_back(tiny_dataset):
+    from rfdetr.training.module_data import RFDETRDataModule
+
+    rfdetrs_hook = RFDETRDataModule.on_after_batch_transfer
+    expected = {
+        split: on_device(rfdetr_datamodule(tiny_dataset), loaded_batch(rfdetr_datamodule(tiny_dataset), split))
+        for split in ("train", "val")
+    }
+    with images_as_bytes() as for_training, validation_images_as_bytes() as for_validation:
+        assert for_training is for_validation
+        assert RFDETRDataModule.on_after_batch_transfer.device_normalize is for_training
+        module = rfdetr_datamodule(tiny_dataset)
+        loaded = {split: loaded_batch(module, split) for split in ("train", "val")}
+        assert all(batch[0].tensors.dtype == torch.uint8 for batch in loaded.values())
+        ours = {split: on_device(module, batch) for split, batch in loaded.items()}
+    assert RFDETRDataModule.on_after_batch_transfer is rfdetrs_hook
+    for split in ("train", "val"):
+        assert_same_batch(ours[split], expected[split])
+
+
 def test_padding_is_zero_after_normalising_as_rfdetr_pads():
     """rfdetr pads after normalising; bytes are padded before, so the padding is set to zero again."""
     from rfdetr.datasets.transforms import Normalize
@@ -73,16 +108,18 @@ def test_a_bytes_batch_without_a_changed_pipeline_is_an_error():
     from rfdetr.utilities.tensors import nested_tensor_from_tensor_list
 
     batch = nested_tensor_from_tensor_list([torch.zeros(3, 8, 8, dtype=torch.uint8)])
-    with pytest.raises(RuntimeError, match="no training pipeline was changed"):
+    with pytest.raises(RuntimeError, match="no pipeline was changed"):
         DeviceNormalize()(batch)
 
 
 @pytest.mark.gpu
-def test_on_the_gpu_the_floats_equal_rfdetrs_and_nothing_waits(tiny_dataset):
-    expected = on_device(rfdetr_datamodule(tiny_dataset), loaded_batch(rfdetr_datamodule(tiny_dataset)))
-    with images_as_bytes():
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_on_the_gpu_the_floats_equal_rfdetrs_and_nothing_waits(tiny_dataset, split):
+    expected = on_device(rfdetr_datamodule(tiny_dataset), loaded_batch(rfdetr_datamodule(tiny_dataset), split))
+    with images_as_bytes(), validation_images_as_bytes():
         module = rfdetr_datamodule(tiny_dataset)
-        loaded = loaded_batch(module)
+        loaded = loaded_batch(module, split)
+        assert loaded[0].tensors.dtype == torch.uint8
         on_device(module, loaded, "cuda")  # the first batch sends mean and std
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")

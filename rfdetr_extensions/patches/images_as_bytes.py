@@ -1,25 +1,26 @@
-"""Training images travel from the loader workers to the GPU as bytes; the GPU makes rfdetr's normalised floats.
+"""Images travel from the loader workers to the GPU as bytes; the GPU makes rfdetr's normalised floats.
 
-rfdetr 1.11.2's training transforms end by converting each image to float32 (`ToDtype(float32, scale=True)`) and
-normalising it (`Normalize`), in the loader worker. A batch of 128 images at 384 px is then 226 MB of float32 in
-shared memory, which the training process frees, holding Python's interpreter lock, once the batch is pinned
-(`python -m bench.shared_memory_free` measures how long that takes).
+rfdetr 1.11.2's training and validation transforms end by converting each image to float32
+(`ToDtype(float32, scale=True)`) and normalising it (`Normalize`), in the loader worker. A batch of 128 images at
+384 px is then 226 MB of float32 in shared memory, which the training process pins and then frees, holding Python's
+interpreter lock (`python -m bench.shared_memory_free` measures how long that takes).
 
-This replaces rfdetr's private `rfdetr.datasets.coco._route_transforms` so that the training pipeline drops those two
-steps, keeping `Normalize`'s target part (boxes to relative cxcywh): a batch is 57 MB of uint8. It wraps
-`RFDETRDataModule.on_after_batch_transfer` so that, once the batch is on the GPU, the same two operations run there
-on the whole batch (torchvision's `to_dtype_image`, then the subtraction and division `Normalize` does, with mean
-and std sent to the GPU once). Guarantees: the floats are rfdetr's bit for bit, and padding, which rfdetr adds after
-normalising, is zero again; validation keeps rfdetr's pipeline; pipelines that do not end in `ToDtype` +
-`Normalize` (rfdetr's Kornia GPU augmentation) are left as they are. Shown by `tests/test_images_as_bytes.py`
-(on the GPU too: `pytest -m gpu`).
+This replaces rfdetr's private `rfdetr.datasets.coco._route_transforms` so that the pipelines of the chosen image sets
+drop those two steps, keeping `Normalize`'s target part (boxes to relative cxcywh): a batch is 57 MB of uint8. It
+wraps `RFDETRDataModule.on_after_batch_transfer` so that, once the batch is on the GPU, the same two operations run
+there on the whole batch (torchvision's `to_dtype_image`, then the subtraction and division `Normalize` does, with
+mean and std sent to the GPU once). Two registry entries use it: `images_as_bytes` for the training set and
+`validation_images_as_bytes` for the validation set; applied together they share one conversion on the GPU.
+Guarantees: the floats are rfdetr's bit for bit, and padding, which rfdetr adds after normalising, is zero again;
+the other image sets keep rfdetr's pipeline; pipelines that do not end in `ToDtype` + `Normalize` (rfdetr's Kornia
+GPU augmentation) are left as they are. Shown by `tests/test_images_as_bytes.py` (on the GPU too: `pytest -m gpu`).
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable, Collection, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import Any
 
 from rfdetr_extensions.patching import patch_rfdetr, send_without_waiting
@@ -45,7 +46,7 @@ class RelativeTargets:
 
 
 def bytes_pipeline(compose: Any) -> RelativeTargets | None:
-    """Turn a training pipeline ending in `ToDtype(float32, scale=True), Normalize` into one that ends with the
+    """Turn a pipeline ending in `ToDtype(float32, scale=True), Normalize` into one that ends with the
     uint8 image and relative targets; returns the replacement step, or None when the pipeline ends otherwise."""
     import torch
     from rfdetr.datasets.transforms import Normalize
@@ -76,7 +77,7 @@ class DeviceNormalize:
     def remember(self, step: RelativeTargets) -> None:
         found = (step.mean, step.std)
         if self.mean_std not in (None, found):
-            raise RuntimeError(f"{WHAT}: two training pipelines normalise differently ({self.mean_std} and {found})")
+            raise RuntimeError(f"{WHAT}: two pipelines normalise differently ({self.mean_std} and {found})")
         self.mean_std = found
 
     def __call__(self, samples: Any) -> Any:
@@ -88,7 +89,7 @@ class DeviceNormalize:
         if images.dtype != torch.uint8:
             return samples
         if self.mean_std is None:
-            raise RuntimeError(f"{WHAT}: a batch of uint8 images arrived, but no training pipeline was changed")
+            raise RuntimeError(f"{WHAT}: a batch of uint8 images arrived, but no pipeline was changed")
         if images.device not in self.on_device:
             mean, std = (torch.tensor(values, dtype=torch.float32).view(-1, 1, 1) for values in self.mean_std)
             self.on_device[images.device] = (
@@ -104,15 +105,25 @@ class DeviceNormalize:
         return NestedTensor(floats, samples.mask)
 
 
-@contextmanager
-def images_as_bytes() -> Iterator[DeviceNormalize]:
-    """Within this block, rfdetr's training batches are uint8 until they reach the GPU (see the module's text)."""
-    device_normalize = DeviceNormalize()
+HOOK = "rfdetr.training.module_data:RFDETRDataModule"
 
-    def route_train_as_bytes(route: Callable[..., Any]) -> Callable[..., Any]:
+
+@contextmanager
+def images_of_sets_as_bytes(image_sets: Collection[str]) -> Iterator[DeviceNormalize]:
+    """Within this block, rfdetr's batches of `image_sets` ("train", "val") are uint8 until they reach the GPU.
+
+    Where another such block already wraps the after-transfer hook, this one adds its pipelines to that block's
+    conversion instead of wrapping the hook twice."""
+    import pkgutil
+
+    existing = getattr(pkgutil.resolve_name(HOOK).on_after_batch_transfer, "device_normalize", None)
+    shared = isinstance(existing, DeviceNormalize)
+    device_normalize = existing if shared else DeviceNormalize()
+
+    def route_sets_as_bytes(route: Callable[..., Any]) -> Callable[..., Any]:
         def route_transforms(image_set: str, *args: Any, **kwargs: Any) -> Any:
             compose = route(image_set, *args, **kwargs)
-            if image_set == "train" and (step := bytes_pipeline(compose)) is not None:
+            if image_set in image_sets and (step := bytes_pipeline(compose)) is not None:
                 device_normalize.remember(step)
             return compose
 
@@ -123,11 +134,16 @@ def images_as_bytes() -> Iterator[DeviceNormalize]:
             samples, targets = batch
             return hook(self, (device_normalize(samples), targets), dataloader_idx)
 
+        on_after_batch_transfer.device_normalize = device_normalize  # type: ignore[attr-defined]
         return on_after_batch_transfer
 
     with ExitStack() as patches:
-        patches.enter_context(patch_rfdetr("rfdetr.datasets.coco", "_route_transforms", route_train_as_bytes))
-        patches.enter_context(
-            patch_rfdetr("rfdetr.training.module_data:RFDETRDataModule", "on_after_batch_transfer", normalize_first)
-        )
+        patches.enter_context(patch_rfdetr("rfdetr.datasets.coco", "_route_transforms", route_sets_as_bytes))
+        if not shared:
+            patches.enter_context(patch_rfdetr(HOOK, "on_after_batch_transfer", normalize_first))
         yield device_normalize
+
+
+def images_as_bytes() -> AbstractContextManager[DeviceNormalize]:
+    """Within this block, rfdetr's training batches are uint8 until they reach the GPU (see the module's text)."""
+    return images_of_sets_as_bytes(("train",))
