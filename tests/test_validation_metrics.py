@@ -7,6 +7,8 @@ tied scores; the second runs rfdetr's real evaluation loop on the tiny set with 
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
 import tempfile
 
 import numpy as np
@@ -178,6 +180,23 @@ def test_without_cuda_state_the_workers_start_from_a_fork_server():
     finally:
         pool.close()
     assert pool.executor is None
+
+
+def test_the_fork_server_starts_with_the_block_before_any_batch():
+    """Entering the block starts the fork server (its import of rfdetr then runs while training goes on); no worker
+    starts before the first batch. In a fresh process, where no fork server runs yet."""
+    code = """
+import multiprocessing.forkserver as forkserver
+from rfdetr_extensions.patches.matching_in_workers import matching_in_workers
+assert forkserver._forkserver._forkserver_pid is None
+with matching_in_workers():
+    assert forkserver._forkserver._forkserver_pid is not None, "no fork server after the block's entry"
+    assert forkserver._forkserver._preload_modules == ["rfdetr.evaluation.matching"]
+print("fork server started with the block")
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "fork server started with the block" in done.stdout
 
 
 @pytest.mark.gpu

@@ -12,6 +12,10 @@ accumulator, first merges every pending batch in the order the batches came, the
 run rfdetr's own `build_matching_data` on host tensors (`metric_inputs_in_one_copy` brings them there; device
 tensors are copied here). Segmentation matching and accumulators created outside this block keep rfdetr's path.
 
+The fork server starts when the block is entered, without waiting: importing rfdetr there takes seconds (6-8 s on
+a 2-core host), and started at the first validation batch it held up each job's first validation, behind the loader
+workers busy on the same cores. Started at the block's entry, that import runs while the model is built and trains.
+
 Guarantees: the accumulator, and so `val/F1`, precision and recall, equal rfdetr's, array for array. The pool is
 shut down when the block ends. Shown by `tests/test_validation_metrics.py`.
 """
@@ -57,18 +61,25 @@ def host_copies(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 class MatchingPool:
-    """The worker processes of one `with` block, started at the first batch."""
+    """The worker processes of one `with` block, forked from the fork server at the first batch."""
 
     def __init__(self, workers: int = WORKERS) -> None:
         self.workers = workers
         self.executor: ProcessPoolExecutor | None = None
+        self.context = multiprocessing.get_context("forkserver")
+
+    def start_fork_server(self) -> None:
+        """Start the fork server now, without waiting for it: it imports rfdetr's matching once, in the background,
+        and each worker later forks from it with the import done. A server already running is kept as it is."""
+        from multiprocessing import forkserver
+
+        self.context.set_forkserver_preload(["rfdetr.evaluation.matching"])
+        forkserver.ensure_running()
 
     def submit(self, preds: list[dict[str, Any]], targets: list[dict[str, Any]], iou_threshold: float) -> Future:
         if self.executor is None:
-            context = multiprocessing.get_context("forkserver")
-            # the server imports rfdetr's matching once; each worker forks from it with the import done
-            context.set_forkserver_preload(["rfdetr.evaluation.matching"])
-            self.executor = ProcessPoolExecutor(self.workers, mp_context=context)
+            self.start_fork_server()  # already running when the block started it
+            self.executor = ProcessPoolExecutor(self.workers, mp_context=self.context)
         return self.executor.submit(match_on_host, (host_copies(preds), host_copies(targets)), iou_threshold)
 
     def close(self) -> None:
@@ -92,6 +103,7 @@ def matching_in_workers() -> Any:
     module = importlib.import_module(CALLBACK_MODULE)
     merge_in_process = module.merge_matching_data
     pool = MatchingPool()
+    pool.start_fork_server()
 
     def wrap_build(original: Callable[..., Any]) -> Callable[..., Any]:
         def build_matching_data(preds: Any, targets: Any, iou_threshold: float = 0.5, iou_type: str = "bbox") -> Any:
