@@ -61,7 +61,14 @@ class ValidationLoaderAhead(pl.Callback):
         self.looked_at = epoch
         if not validates_after(trainer):
             return
-        trainer.fit_loop.epoch_loop.val_loop.setup_data()  # validation's first step; it builds the loaders only once
+        val_loop = getattr(trainer.fit_loop.epoch_loop, "val_loop", None)
+        if not callable(getattr(val_loop, "setup_data", None)):
+            raise RuntimeError(
+                f"{__name__} was written for Lightning 2's validation loop, which builds its loaders in "
+                "val_loop.setup_data(); this Lightning has none. Leave the speedup validation_loader_ahead out of "
+                "train.speedups (config.yaml), or adapt it."
+            )
+        val_loop.setup_data()  # validation's first step; it builds the loaders only once, so validation keeps them
         loaders = trainer.val_dataloaders
         loaders = loaders if isinstance(loaders, (list, tuple)) else [loaders]
         if [started for loader in loaders if loader is not None and (started := start_next_epoch(loader, epoch))]:
