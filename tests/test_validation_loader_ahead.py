@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from rfdetr_extensions.callbacks.validation_loader_ahead import ValidationLoaderAhead, batches_in_flight
+from tests.helpers.lightning_trainer import cpu_trainer
 
 WAIT_FOR_WORKERS_SECONDS = 120  # only a bound for a hung worker: the test waits for an event, not for a time
 
@@ -84,17 +85,7 @@ def fit(tmp_path: Path, ahead: bool, epochs: int = 2):
     pl.seed_everything(7, workers=True)
     model = Model()
     callback = ValidationLoaderAhead() if ahead else None
-    trainer = pl.Trainer(
-        max_epochs=epochs,
-        accelerator="cpu",
-        callbacks=[callback] if callback else [],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        num_sanity_val_steps=0,  # as rfdetr's trainer
-        default_root_dir=tmp_path,
-    )
-    trainer.fit(model)
+    cpu_trainer(tmp_path, [callback] if callback else [], epochs).fit(model)
     return model, callback
 
 
@@ -138,18 +129,7 @@ def test_epochs_whose_end_does_not_validate_are_left_alone(tmp_path):
             )
 
     callback = ValidationLoaderAhead()
-    trainer = pl.Trainer(
-        max_epochs=3,
-        check_val_every_n_epoch=2,
-        accelerator="cpu",
-        callbacks=[callback],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        num_sanity_val_steps=0,
-        default_root_dir=tmp_path,
-    )
-    trainer.fit(Model())
+    cpu_trainer(tmp_path, [callback], 3, check_val_every_n_epoch=2).fit(Model())
     assert callback.started_early == [1]  # epochs 0 and 2 end without validation
 
 
