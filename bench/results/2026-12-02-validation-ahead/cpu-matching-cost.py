@@ -10,26 +10,10 @@ import time
 import torch
 from rfdetr.evaluation.matching import build_matching_data
 
+from bench.synth_detections import validation_batch
+
 generator = torch.Generator().manual_seed(0)
-preds, targets = [], []
-for _ in range(125):
-    corner = torch.rand(7, 2, generator=generator) * 300
-    truth = torch.cat([corner, corner + 20 + torch.rand(7, 2, generator=generator) * 80], 1)
-    boxes = truth.repeat(43, 1)[:300] + torch.randn(300, 4, generator=generator) * 15
-    preds.append(
-        {
-            "boxes": boxes,
-            "scores": torch.rand(300, generator=generator),
-            "labels": torch.randint(0, 80, (300,), generator=generator),
-        }
-    )
-    targets.append(
-        {
-            "boxes": truth,
-            "labels": torch.randint(0, 80, (7,), generator=generator),
-            "iscrowd": torch.zeros(7, dtype=torch.long),
-        }
-    )
+preds, targets = validation_batch(generator)
 build_matching_data(preds, targets, iou_threshold=0.5, iou_type="bbox")
 start = time.perf_counter()
 for _ in range(3):

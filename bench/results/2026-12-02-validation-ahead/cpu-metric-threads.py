@@ -14,6 +14,8 @@ import torch
 from rfdetr.training import coco_map
 from rfdetr.training.coco_map import OnePassCocoMeanAveragePrecision
 
+from bench.synth_detections import validation_batch
+
 
 def filled_metric(seed: int = 0) -> OnePassCocoMeanAveragePrecision:
     generator = torch.Generator().manual_seed(seed)
@@ -25,26 +27,7 @@ def filled_metric(seed: int = 0) -> OnePassCocoMeanAveragePrecision:
         sync_on_compute=False,
     )
     for _ in range(40):  # 40 batches of 125 images
-        preds, targets = [], []
-        for _ in range(125):
-            corner = torch.rand(7, 2, generator=generator) * 300
-            truth = torch.cat([corner, corner + 20 + torch.rand(7, 2, generator=generator) * 80], 1)
-            boxes = truth.repeat(43, 1)[:300] + torch.randn(300, 4, generator=generator) * 15
-            preds.append(
-                {
-                    "boxes": boxes,
-                    "scores": torch.rand(300, generator=generator),
-                    "labels": torch.randint(0, 80, (300,), generator=generator),
-                }
-            )
-            targets.append(
-                {
-                    "boxes": truth,
-                    "labels": torch.randint(0, 80, (7,), generator=generator),
-                    "iscrowd": torch.zeros(7, dtype=torch.long),
-                    "area": torch.full((7,), 5000.0),
-                }
-            )
+        preds, targets = validation_batch(generator)
         metric.update(preds, targets)
     return metric
 
