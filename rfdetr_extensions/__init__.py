@@ -4,9 +4,10 @@ Two kinds of code live in this package:
 
 - **Speedups** (`SPEEDUPS`, below). Each computes rfdetr's values with less host work, fewer waits for the GPU or
   faster kernels; each names what it replaces and the test that shows it gives rfdetr's values. Patches
-  (`patches/`) replace one private rfdetr function or method inside a `with` block; callbacks (`callbacks/`) are
-  Lightning callbacks added to rfdetr's Trainer. The train stage applies what `train.speedups` selects
-  (`select_speedups`, then `applied`); `bench.profile_steps --speedups` and the tests read the same registry.
+  (`patches/`) replace private functions or methods of rfdetr (or of Lightning, where rfdetr goes through it)
+  inside a `with` block; callbacks (`callbacks/`) are Lightning callbacks added to rfdetr's Trainer. The train
+  stage applies what `train.speedups` selects (`select_speedups`, then `applied`); `bench.profile_steps
+  --speedups` and the tests read the same registry.
 - **The workflow's hooks into rfdetr's training**, used with or without speedups: `trainer_hook.extra_callbacks`
   (callbacks and plugins on the Trainer that rfdetr's `train()` builds), `callbacks.block_end.StopAtBlockEnd`,
   `callbacks.epoch_log.EpochLog`, and on the FP8 route `fp8_validation.validation_of_any_size`.
@@ -112,6 +113,16 @@ SPEEDUPS: tuple[Speedup, ...] = (
         ("rfdetr.training.module_model:RFDETRModelModule._log_learning_rates",),
         "the learning rates are logged as tensors filled on the GPU, without a copy that waits",
         "tests/test_lr_log_on_device.py::test_the_same_values_names_and_settings_reach_lightning",
+    ),
+    _patch(
+        "progress_bar_without_waiting",
+        (
+            "pytorch_lightning.trainer.connectors.logger_connector.result:_ResultCollection.metrics",
+            "pytorch_lightning.trainer.connectors.logger_connector.result:convert_tensors_to_scalars",
+        ),
+        "the progress bar shows the newest loss and learning rate that reached the host, without waiting each step",
+        "tests/test_progress_bar_without_waiting.py::test_on_the_cpu_the_bar_shows_lightnings_values",
+        gpu_only=True,  # on the CPU nothing waits: the values are already on the host
     ),
     _patch(
         "nice_loader_workers",

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from rfdetr_extensions.callbacks.next_epoch_during_validation import NextEpochDuringValidation, start_next_epoch
-from tests.helpers.lightning_trainer import cpu_trainer
+from tests.helpers.lightning_trainer import small_trainer
 
 SECONDS_PER_ITEM = 0.25  # a worker takes 1 s for a batch of 4
 VALIDATION_SECONDS = 0.8  # per validation batch; two of them: longer than one batch's loading
@@ -76,7 +76,7 @@ def fit(tmp_path, early: bool):
     pl.seed_everything(7, workers=True)
     model = Model()
     early_start = NextEpochDuringValidation() if early else None
-    cpu_trainer(tmp_path, [early_start] if early_start else [], 3).fit(model)
+    small_trainer(tmp_path, [early_start] if early_start else [], 3).fit(model)
     return model.batches, events.read_text().splitlines(), early_start
 
 

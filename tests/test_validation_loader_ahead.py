@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from rfdetr_extensions.callbacks.validation_loader_ahead import ValidationLoaderAhead, batches_in_flight
-from tests.helpers.lightning_trainer import cpu_trainer
+from tests.helpers.lightning_trainer import small_trainer
 
 WAIT_FOR_WORKERS_SECONDS = 120  # only a bound for a hung worker: the test waits for an event, not for a time
 
@@ -85,7 +85,7 @@ def fit(tmp_path: Path, ahead: bool, epochs: int = 2):
     pl.seed_everything(7, workers=True)
     model = Model()
     callback = ValidationLoaderAhead() if ahead else None
-    cpu_trainer(tmp_path, [callback] if callback else [], epochs).fit(model)
+    small_trainer(tmp_path, [callback] if callback else [], epochs).fit(model)
     return model, callback
 
 
@@ -129,7 +129,7 @@ def test_epochs_whose_end_does_not_validate_are_left_alone(tmp_path):
             )
 
     callback = ValidationLoaderAhead()
-    cpu_trainer(tmp_path, [callback], 3, check_val_every_n_epoch=2).fit(Model())
+    small_trainer(tmp_path, [callback], 3, check_val_every_n_epoch=2).fit(Model())
     assert callback.started_early == [1]  # epochs 0 and 2 end without validation
 
 

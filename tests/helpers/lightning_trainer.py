@@ -1,4 +1,4 @@
-"""A small Lightning Trainer on the CPU, set up as rfdetr's in what the loader callbacks' tests depend on."""
+"""A small Lightning Trainer, set up as rfdetr's in what the callbacks' and patches' tests depend on."""
 
 from __future__ import annotations
 
@@ -6,13 +6,14 @@ from pathlib import Path
 from typing import Any
 
 
-def cpu_trainer(root: Path, callbacks: list[Any], max_epochs: int, **settings: Any) -> Any:
-    """No logger, checkpoints or progress bar; no sanity validation, as rfdetr's trainer."""
+def small_trainer(root: Path, callbacks: list[Any], max_epochs: int, accelerator: str = "cpu", **settings: Any) -> Any:
+    """One device, no logger, checkpoints or progress bar; no sanity validation, as rfdetr's trainer."""
     import pytorch_lightning as pl
 
     return pl.Trainer(
         max_epochs=max_epochs,
-        accelerator="cpu",
+        accelerator=accelerator,
+        devices=1,
         callbacks=callbacks,
         logger=False,
         enable_checkpointing=False,
