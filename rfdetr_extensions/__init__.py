@@ -97,6 +97,13 @@ SPEEDUPS: tuple[Speedup, ...] = (
         "tests/test_matching_without_waiting.py::test_the_loss_and_the_matches_are_rfdetrs",
     ),
     _patch(
+        "target_counts_without_waiting",
+        ("rfdetr.models.criterion:SetCriterion._get_batched_detection_losses",),
+        "the batched loss's per-image target counts reach the GPU from pinned memory, without a copy that waits",
+        "tests/test_target_counts_without_waiting.py::test_the_batched_losses_are_rfdetrs",
+        gpu_only=True,  # rfdetr takes the batched loss path on CUDA only
+    ),
+    _patch(
         "gather_matched_targets",
         ("rfdetr.models.criterion:SetCriterion._get_matched_targets",),
         "the loss gathers each layer's matched targets in a few operations, not three per image",
