@@ -46,6 +46,7 @@ class ShownScalars:
 
         if value.numel() != 1:  # Lightning refuses these; let it say so
             return self.convert(value)
+        self.take_arrived(name)
         if name not in self.on_their_way and self.copied.get(name) is not value:
             host = torch.empty((), dtype=value.dtype, pin_memory=value.is_cuda)
             host.copy_(value.detach().reshape(()), non_blocking=value.is_cuda)
@@ -54,14 +55,18 @@ class ShownScalars:
                 event = torch.cuda.Event()
                 event.record(torch.cuda.current_stream(value.device))
             self.on_their_way[name], self.copied[name] = (host, event), value
-        if name in self.on_their_way:
-            host, event = self.on_their_way[name]
-            if event is None or event.query():
-                self.shown[name] = host.item()  # already on the host: no wait
-                del self.on_their_way[name]
+            self.take_arrived(name)  # a CPU tensor's copy is there at once
         if name not in self.shown:
             self.shown[name] = self.convert(value)
         return self.shown[name]
+
+    def take_arrived(self, name: str) -> None:
+        """If the copy of `name` on its way has reached the host, it becomes the value shown (no wait)."""
+        if name in self.on_their_way:
+            host, event = self.on_their_way[name]
+            if event is None or event.query():
+                self.shown[name] = host.item()
+                del self.on_their_way[name]
 
 
 def metrics_without_waiting(original: Callable[..., Any]) -> Callable[..., Any]:
