@@ -14,8 +14,8 @@ from tests.helpers.lightning_trainer import small_trainer
 
 def fit_and_watch_the_bar(root: Path, device: str, steps: int, sleep_cycles: int = 0, strict_from: int | None = None):
     """Two epochs of a small model that logs a loss and a learning rate to the progress bar at every step (as rfdetr
-    does) and the loss's epoch mean. Returns what the bar showed after each step (its values and the epoch mean at
-    each epoch's end) and every step's logged values. On the GPU each step also keeps the GPU busy for
+    does) and the loss's epoch mean. Returns what the bar showed after each step, what it showed when training
+    ended (with the last epoch's mean), and every step's logged values. On the GPU each step also keeps the GPU busy for
     `sleep_cycles`, and from step `strict_from` on anything that waits for the GPU raises (torch's sync debug mode)."""
     import pytorch_lightning as pl
 
