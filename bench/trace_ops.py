@@ -9,6 +9,9 @@ around it (innermost four), so a wait can be traced to the code that caused it. 
 --pause-ms in which the training thread ran no operation at all (it waited for the backward pass, which runs on
 its own thread, or was held off the interpreter by another thread), with the operations before and after. GPU
 idle: stretches of at least --idle-ms without GPU work, with the operations the training thread started in each.
+GPU time by source: each kernel's time, grouped by its name and the innermost operations around the call that
+launched it (on any thread: the backward pass launches from its own), so that a kernel such as a copy can be traced
+to the code that asked for it; kernels replayed from a CUDA graph are grouped under the graph launch.
 """
 
 from __future__ import annotations
@@ -122,6 +125,53 @@ def gpu_idle_stretches(
     return {"ms_per_step": round(sum(s["ms"] for s in stretches) / steps, 1), "stretches": stretches}
 
 
+def kernel_sources(events: list[dict[str, Any]], steps: int, top: int, depth: int = 4) -> dict[str, Any]:
+    """GPU kernel, copy and memset time per step, grouped by (work name, innermost `depth` operations around its
+    launch), largest first; and the share launched outside CUDA graphs."""
+    launches = {
+        e["args"]["correlation"]: e
+        for e in events
+        if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})
+    }
+    ops_by_thread: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+    for event in events:
+        if event.get("cat") in ("cpu_op", "user_annotation"):
+            ops_by_thread[event["tid"]].append(event)
+    starts_by_thread = {}
+    for tid, ops in ops_by_thread.items():
+        ops.sort(key=lambda e: e["ts"])
+        starts_by_thread[tid] = [e["ts"] for e in ops]
+    seconds: dict[tuple[str, ...], float] = defaultdict(float)
+    counts: Counter[tuple[str, ...]] = Counter()
+    outside_graphs = 0.0
+    for work in (e for e in events if e.get("cat") in GPU_WORK):
+        launch = launches.get(work.get("args", {}).get("correlation"))
+        chain: tuple[str, ...] = ()
+        if launch is not None:
+            ops, starts = ops_by_thread.get(launch["tid"], []), starts_by_thread.get(launch["tid"], [])
+            index = bisect.bisect_right(starts, launch["ts"])
+            around = [e for e in ops[max(index - 3000, 0) : index] if e["ts"] + e["dur"] >= launch["ts"]]
+            chain = tuple(e["name"][:60] for e in around[-depth:])
+            if launch["name"] != "cudaGraphLaunch":
+                outside_graphs += work["dur"] / 1e6
+        key = (work["name"][:80], *chain)
+        seconds[key] += work["dur"] / 1e6
+        counts[key] += 1
+    ranked = sorted(seconds.items(), key=lambda item: -item[1])[:top]
+    return {
+        "outside_cuda_graphs_ms_per_step": round(outside_graphs / steps * 1e3, 1),
+        "by_source": [
+            {
+                "work": key[0],
+                "launched_inside": list(key[1:]),
+                "per_step": round(counts[key] / steps, 1),
+                "ms_per_step": round(value / steps * 1e3, 2),
+            }
+            for key, value in ranked
+        ],
+    }
+
+
 def read_trace(path: str, steps: int, top: int, pause_ms: float = 10.0, idle_ms: float = 2.0) -> dict[str, Any]:
     events = load_events(path)
     gpu = [(round(e["ts"] * 1e3), round((e["ts"] + e["dur"]) * 1e3)) for e in events if e.get("cat") in GPU_WORK]
@@ -137,6 +187,7 @@ def read_trace(path: str, steps: int, top: int, pause_ms: float = 10.0, idle_ms:
         "gpu_idle": gpu_idle_stretches(
             [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") in GPU_WORK], host, steps, idle_ms
         ),
+        "gpu_time_by_source": kernel_sources(events, steps, top),
     }
 
 

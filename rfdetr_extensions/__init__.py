@@ -192,6 +192,13 @@ SPEEDUPS: tuple[Speedup, ...] = (
         gpu_only=True,
     ),
     _patch(
+        "evaluation_on_every_core",
+        ("rfdetr.training.coco_map:_vernier_thread_budget",),
+        "the COCO evaluation at each validation's end runs on every core of the rank, not on torch's one thread",
+        "tests/test_evaluation_on_every_core.py::test_the_evaluation_gets_every_core_and_gives_rfdetrs_metrics",
+        gpu_only=True,  # on the CPU torch's threads, and so rfdetr's budget, are every core already
+    ),
+    _patch(
         "eager_validation",
         ("rfdetr.training.module_model:RFDETRModelModule._resolve_eval_model",),
         "validation runs the model uncompiled: no eval-graph compile at each job's first validation",

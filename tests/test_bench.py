@@ -140,6 +140,39 @@ def test_a_trace_reading_names_the_slow_host_ops_and_what_each_wait_was_inside(t
     assert reading["gpu_idle"] == {"ms_per_step": 0.0, "stretches": []}  # one kernel: no stretch between work
 
 
+def test_gpu_time_is_traced_to_the_operations_that_launched_it_on_any_thread():
+    from bench.trace_ops import kernel_sources
+
+    def event(name: str, cat: str, ts: float, dur: float, tid: int, correlation: int | None = None) -> dict:
+        args = {} if correlation is None else {"correlation": correlation}
+        return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur, "tid": tid, "args": args}
+
+    events = [  # two steps; thread 1 runs the forward pass, thread 2 the backward pass
+        event("aten::to", "cpu_op", 0, 50, tid=1),
+        event("aten::copy_", "cpu_op", 10, 30, tid=1),
+        event("cudaLaunchKernel", "cuda_runtime", 20, 5, tid=1, correlation=1),
+        event("MulBackward0", "cpu_op", 100, 50, tid=2),
+        event("cudaLaunchKernel", "cuda_runtime", 110, 5, tid=2, correlation=2),
+        event("cudaGraphLaunch", "cuda_runtime", 200, 5, tid=1, correlation=3),
+        event("direct_copy_kernel", "kernel", 30, 3000, tid=7, correlation=1),
+        event("mul_kernel", "kernel", 120, 1000, tid=7, correlation=2),
+        event("graphed_gemm", "kernel", 210, 4000, tid=7, correlation=3),
+    ]
+    sources = kernel_sources(events, steps=2, top=5)
+    # the graph's kernel was launched by no operation: its chain is empty, and it is not counted outside the graphs
+    assert sources["outside_cuda_graphs_ms_per_step"] == 2.0
+    assert sources["by_source"] == [
+        {"work": "graphed_gemm", "launched_inside": [], "per_step": 0.5, "ms_per_step": 2.0},
+        {
+            "work": "direct_copy_kernel",
+            "launched_inside": ["aten::to", "aten::copy_"],
+            "per_step": 0.5,
+            "ms_per_step": 1.5,
+        },
+        {"work": "mul_kernel", "launched_inside": ["MulBackward0"], "per_step": 0.5, "ms_per_step": 0.5},
+    ]
+
+
 def test_gpu_idle_stretches_name_what_the_host_started_meanwhile():
     from bench.trace_ops import gpu_idle_stretches
 
