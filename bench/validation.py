@@ -1,7 +1,7 @@
 """Where the train stage's validation spends its time, phase by phase, on the GPU it runs on.
 
 usage: python -m bench.validation --dataset DIR --out FILE.json [--epochs 3] [--speedups all|none|NAME,...|all,-NAME]
-           [--workers 16] [--profile auto|NAME] [--eager] [--state DIR]
+           [--workers 16] [--profile auto|NAME] [--eager] [--state DIR] [--whole]
 
 Trains `--epochs` epochs through the train stage's own rfdetr call (`pipeline.rfdetr_call.run_rfdetr`: config.yaml's
 recipe and GPU profile, the selected speedups), so validation runs exactly as in a workflow run. Use a set with few
@@ -17,8 +17,10 @@ phase's edges and time, per validation:
 - `seconds`, `images_per_second`: the whole validation, start to end.
 
 The waits add a little time that a normal run overlaps, so the sum is an upper bound of each phase; the train
-stage's own figure is `val_seconds` in its `epochs.jsonl`. Writes one record per validation to `--out` and prints
-them.
+stage's own figure is `val_seconds` in its `epochs.jsonl`. `--whole` waits for the GPU only at each validation's
+start and end: its phases stay 0 and `seconds` is what a run without the clocks takes (the waits at the phases'
+edges would undo `metrics_one_batch_behind`, which overlaps the forward passes with the batch callbacks).
+Writes one record per validation to `--out` and prints them.
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ PHASES = ("loader", "forward", "batch_callbacks", "epoch_end", "validation_end")
 class PhaseRecord:
     """The current validation's phase seconds and images, and every finished validation's record."""
 
-    def __init__(self) -> None:
+    def __init__(self, phases: bool = True) -> None:
+        self.phases = phases  # False: time each validation as a whole, without waiting at the phases' edges
         self.records: list[dict[str, Any]] = []
         self.current: dict[str, Any] = {}
         self.mark = 0.0
@@ -63,12 +66,17 @@ class PhaseRecord:
 
     def close(self, phase: str) -> None:
         """Add the time since the last mark to `phase` and mark now."""
+        if not self.phases:
+            return
         now = self.now()
         self.current[phase] += now - self.mark
         self.mark = now
 
     def finish(self) -> None:
-        self.close("validation_end")
+        if self.phases:
+            self.close("validation_end")
+        else:
+            self.mark = self.now()
         record = {k: round(v, 3) if isinstance(v, float) else v for k, v in self.current.items()}
         record["seconds"] = round(self.mark - self.started, 3)
         record["images_per_second"] = round(record["images"] / max(record["seconds"], 1e-9), 1)
@@ -150,6 +158,7 @@ def main() -> None:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: to try the tool out")
     parser.add_argument("--eager", action="store_true", help="the profile without compile and CUDA graphs")
     parser.add_argument("--state", type=Path, help="rfdetr's output folder (default: beside --out)")
+    parser.add_argument("--whole", action="store_true", help="time each validation as a whole, no phase clocks")
     args = parser.parse_args()
 
     settings = yaml.safe_load(Path("config.yaml").read_text())
@@ -166,7 +175,7 @@ def main() -> None:
     configure_compile_cache(state_dir)
     kwargs = train_kwargs(recipe, str(args.dataset), state_dir, args.workers, device, ["csv"])
     log.info("GPU profile %s (%s); speedups: %s", profile["name"], route.reason, ", ".join(speedups.names()) or "none")
-    record = PhaseRecord()
+    record = PhaseRecord(phases=not args.whole)
     with clocked_trainer(record):
         run_rfdetr(recipe, route, kwargs, args.epochs, train)
     write_json(args.out, {"profile": profile, "speedups": speedups.names(), "validations": record.records})

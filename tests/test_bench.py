@@ -282,3 +282,21 @@ def test_the_synthetic_set_has_the_byte_size_its_detail_promises(tmp_path, detai
     mean_kb = sum(f.stat().st_size for f in files) / len(files) / 1000
     assert len(files) == 48
     assert low_kb < mean_kb < high_kb, f"{detail}: {mean_kb:.1f} kB an image on average"
+
+
+def test_a_validation_timed_whole_keeps_its_phases_at_zero_and_counts_its_images():
+    from bench.validation import PHASES, PhaseRecord
+
+    for phases in (True, False):
+        record = PhaseRecord(phases=phases)
+        record.start(epoch=0)
+        record.current["images"] = 250
+        for phase in ("loader", "forward", "batch_callbacks", "epoch_end"):
+            record.close(phase)
+        record.finish()
+        (done,) = record.records
+        assert done["images"] == 250 and done["seconds"] >= 0
+        if not phases:  # no clock between start and end: every phase stays 0
+            assert all(done[phase] == 0.0 for phase in PHASES)
+        else:  # the phases add up to the whole (each is rounded to the millisecond)
+            assert abs(sum(done[phase] for phase in PHASES) - done["seconds"]) <= 0.005

@@ -71,7 +71,11 @@ def test_on_the_gpu_the_losses_are_rfdetrs_and_nothing_waits(tmp_path):
         pytest.fail("this GPU test needs CUDA: run it on the GPU machine (pytest -m gpu)")
     from rfdetr.models.criterion import SetCriterion
 
-    criterion, inputs = batched_loss_inputs("cuda", tmp_path)
+    from rfdetr_extensions.patches.matches_on_device import matches_on_device
+
+    with matches_on_device():  # in training the matches reach the loss on the GPU (a speedup `auto` applies there)
+        criterion, inputs = batched_loss_inputs("cuda", tmp_path)
+    assert all(index.is_cuda for layer in inputs[2] for pair in layer for index in pair)
     criterion.enable_compiled_detection_losses()  # as rfdetr's training module does when the model is compiled
     original = SetCriterion._get_batched_detection_losses
     assert criterion._can_batch_detection_losses(inputs[0], inputs[3])  # the path rfdetr takes there
