@@ -19,7 +19,7 @@ phase's edges and time, per validation:
 The waits add a little time that a normal run overlaps, so the sum is an upper bound of each phase; the train
 stage's own figure is `val_seconds` in its `epochs.jsonl`. `--whole` waits for the GPU only at each validation's
 start and end: its phases stay 0 and `seconds` is what a run without the clocks takes (the waits at the phases'
-edges would undo `metrics_one_batch_behind`, which overlaps the forward passes with the batch callbacks).
+edges keep the GPU from running ahead of the host, which a normal run allows).
 Writes one record per validation to `--out` and prints them.
 """
 

@@ -192,18 +192,6 @@ SPEEDUPS: tuple[Speedup, ...] = (
         gpu_only=True,
     ),
     _patch(
-        "metrics_one_batch_behind",
-        (
-            "rfdetr.training.callbacks.coco_eval:COCOEvalCallback.on_validation_batch_end",
-            "rfdetr.training.callbacks.coco_eval:COCOEvalCallback.on_validation_epoch_end",
-            "rfdetr.training.callbacks.coco_eval:COCOEvalCallback.on_validation_epoch_start",
-        ),
-        "validation's metric work on the host runs one batch behind, while the GPU runs the next forward pass",
-        "tests/test_metrics_one_batch_behind.py::"
-        "test_rfdetrs_callback_sees_every_batch_one_forward_pass_later_and_gives_the_same_metrics",
-        gpu_only=True,  # on the CPU the forward pass and the metric work share the same cores: nothing to overlap
-    ),
-    _patch(
         "evaluation_on_every_core",
         ("rfdetr.training.coco_map:_vernier_thread_budget",),
         "the COCO evaluation at each validation's end runs on every core of the rank, not on torch's one thread",
