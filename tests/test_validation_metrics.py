@@ -229,3 +229,51 @@ def test_on_the_gpu_matching_host_copies_equals_rfdetrs_matching_of_gpu_tensors(
 
 def to_cuda(item: dict) -> dict:
     return {key: value.cuda() for key, value in item.items()}
+
+
+def targets_as_the_loader_gives_them(device: str) -> list[dict]:
+    """A batch's targets as they reach the metric callback: normalised cxcywh boxes, on the batch's device."""
+    generator = torch.Generator().manual_seed(4)
+    targets = []
+    for index in range(16):
+        count = index % 5  # 0 (an image without boxes) to 4
+        centre = torch.rand(count, 2, generator=generator) * 0.6 + 0.2
+        size = torch.rand(count, 2, generator=generator) * 0.3 + 0.01
+        target = {
+            "boxes": torch.cat([centre, size], 1),
+            "labels": torch.randint(0, 80, (count,), generator=generator),
+            "iscrowd": torch.zeros(count, dtype=torch.long),
+            "area": torch.rand(count, generator=generator) * 5000,
+            "orig_size": torch.tensor([333 + 7 * index, 500 - 3 * index]),
+            "size": torch.tensor([384, 384]),
+            "image_id": torch.tensor(1000 + index),
+        }
+        targets.append({key: value.to(device) for key, value in target.items()})
+    return targets
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_targets_converted_on_the_host_equal_rfdetrs_conversion_on_the_batchs_device(device):
+    """rfdetr converts a batch's targets on their device; with `metric_inputs_in_one_copy` they are copied to the host
+    first and converted there. Crowd regions are appended for some images, as rfdetr does for COCO's crowds."""
+    from rfdetr.datasets.coco import CrowdRegion
+    from rfdetr.training.callbacks.coco_eval import COCOEvalCallback
+
+    from rfdetr_extensions.patches.metric_inputs_in_one_copy import metric_inputs_in_one_copy
+
+    callback = COCOEvalCallback.__new__(COCOEvalCallback)  # the conversion reads nothing of the callback's state
+    crowds = {
+        1003: [CrowdRegion(7, (10.5, 20.25, 80.0, 99.75), None)],
+        1008: [CrowdRegion(1, (0.0, 0.0, 5.0, 5.0), None)],
+    }
+    targets = targets_as_the_loader_gives_them(device)
+    rfdetrs = callback._convert_targets(targets, crowd_regions=crowds)
+    with metric_inputs_in_one_copy():
+        ours = callback._convert_targets(targets, crowd_regions=crowds)
+    assert len(ours) == len(rfdetrs) == 16
+    assert sum(len(entry["boxes"]) for entry in rfdetrs) == sum(index % 5 for index in range(16)) + 2
+    for theirs, mine in zip(rfdetrs, ours, strict=True):
+        assert theirs.keys() == mine.keys()
+        for key, value in theirs.items():
+            assert mine[key].device.type == "cpu" and mine[key].dtype == value.dtype, key
+            assert torch.equal(mine[key], value.cpu()), key  # bit for bit

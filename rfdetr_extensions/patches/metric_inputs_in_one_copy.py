@@ -6,14 +6,18 @@ scores and labels to the host one tensor at a time (`OnePassCocoMeanAveragePreci
 reads them back again (`build_matching_data`: labels, scores and each image's IoU matrix). At batch 125 that is
 about 1,500 small copies a batch, each one a wait for the GPU.
 
-This wraps `_convert_preds` and `_convert_targets`: they compute what rfdetr computes, on the device rfdetr computes
-it, and then every tensor of the batch of one dtype is flattened into one buffer, copied to the host once, and
-handed back as views of that copy with their own shapes. Everything after works on host tensors, as rfdetr's
-metric does with its own copies. Segmentation outputs (masks) keep rfdetr's path.
+This wraps `_convert_preds` and `_convert_targets`, the two places where a batch's tensors enter the metric. Every
+tensor of one dtype is flattened into one buffer, copied to the host once, and handed on as views of that copy with
+their own shapes: the predictions after rfdetr's `_convert_preds` (post-processed on the GPU), the targets before
+rfdetr's `_convert_targets`, so that its per-image conversion (a host-to-device copy of the image's size and a few
+element-wise operations per image, about a thousand small GPU launches a batch of 125) runs on host tensors.
+Everything after works on host tensors, as rfdetr's metric does with its own copies. Segmentation (masks) keeps
+rfdetr's path.
 
 Guarantees: the same keys, values, dtypes and shapes as rfdetr's tensors, on the CPU; the metrics computed from
-them equal rfdetr's (the F1 matching's box IoU then runs on the host: the same IEEE operations, checked equal on
-the GPU). Shown by `tests/test_validation_metrics.py` (and `pytest -m gpu`).
+them equal rfdetr's (the targets' conversion and the F1 matching's box IoU then run on the host: the same IEEE
+element-wise operations, checked equal on the GPU). Shown by `tests/test_validation_metrics.py` (and `pytest -m
+gpu`).
 """
 
 from __future__ import annotations
@@ -60,8 +64,9 @@ def preds_on_host(original: Callable[..., list[dict[str, Any]]]) -> Callable[...
 
 def targets_on_host(original: Callable[..., list[dict[str, Any]]]) -> Callable[..., list[dict[str, Any]]]:
     def convert_targets(callback: Any, targets: list[dict[str, Any]], *args: Any, **kwargs: Any) -> Any:
-        converted = original(callback, targets, *args, **kwargs)
-        return converted if has_masks(converted) else to_host_in_one_copy(converted)
+        if has_masks(targets):
+            return original(callback, targets, *args, **kwargs)
+        return original(callback, to_host_in_one_copy(targets), *args, **kwargs)
 
     return convert_targets
 
