@@ -16,6 +16,8 @@ phase=$1
 OUT=${OUT:-/tmp/bench-out}
 DATA=${DATA:-/dev/shm/synth-coco}  # a second set (another DATA) can sit beside the first
 mkdir -p "$OUT"
+# Every run below is bounded by `timeout -k 30`: Lightning answers SIGTERM only at the end of the current step, so a
+# run still compiling its first step would outlive a plain timeout; 30 s after the SIGTERM it gets a SIGKILL.
 # the wheelhouse, unless the environment already holds the pipeline (after README's install, bench/fp8_offline.sh)
 if [ ! -d /tmp/site ] && ! python3 -c 'import rfdetr, snakemake' 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
@@ -60,9 +62,9 @@ case $phase in
             # each process limited to LIMIT seconds; traces are read here (bench.trace_ops) and kept only with KEEP_TRACES=1
             nvidia-smi dmon -s u -d 1 > "$OUT/dmon-profile.txt" 2>&1 & dmon=$!
             while IFS='|' read -r name0 args0 name1 args1; do
-              CUDA_VISIBLE_DEVICES=0 timeout "${LIMIT:-400}" python3 -m bench.profile_steps --dataset "$DATA" $args0 \
+              CUDA_VISIBLE_DEVICES=0 timeout -k 30 "${LIMIT:-400}" python3 -m bench.profile_steps --dataset "$DATA" $args0 \
                 --out "$OUT/profile-$name0.json" --trace > "/tmp/profile-$name0.log" 2>&1 & first=$!
-              CUDA_VISIBLE_DEVICES=1 timeout "${LIMIT:-400}" python3 -m bench.profile_steps --dataset "$DATA" $args1 \
+              CUDA_VISIBLE_DEVICES=1 timeout -k 30 "${LIMIT:-400}" python3 -m bench.profile_steps --dataset "$DATA" $args1 \
                 --out "$OUT/profile-$name1.json" --trace > "/tmp/profile-$name1.log" 2>&1 || echo "$name1 failed: $?"
               wait $first || echo "$name0 failed: $?"
               for name in "$name0" "$name1"; do
@@ -79,7 +81,7 @@ case $phase in
             name=${NAME:?NAME names the run}
             [ "${SHARE_CACHE:-0}" = 1 ] && export TORCHINDUCTOR_CACHE_DIR=/tmp/compile-cache/inductor TRITON_CACHE_DIR=/tmp/compile-cache/triton
             nvidia-smi dmon -s u -d 2 > "$OUT/dmon-$name.txt" 2>&1 & dmon=$!
-            CUDA_VISIBLE_DEVICES=0 timeout "${LIMIT:-540}" python3 -m bench.compare --dataset "$DATA" --out "/tmp/r-$name" \
+            CUDA_VISIBLE_DEVICES=0 timeout -k 30 "${LIMIT:-540}" python3 -m bench.compare --dataset "$DATA" --out "/tmp/r-$name" \
               --only pipeline --name "$name" --profile "${ROUTE:?ROUTE names a gpu_profiles row}" --train "${TRAIN:-{\}}" \
               --pipeline-epochs "${EPOCHS:-3}" --epochs-per-block "${EPOCHS:-3}" \
               $([ "${COMPILE_WARMUP:-0}" = 1 ] && echo --compile-warmup) > "$OUT/compare-$name.txt" 2>&1 \
@@ -100,7 +102,7 @@ case $phase in
             IFS=';' read -ra runs <<< "${RUNS:-before|--speedups all}"
             for run in "${runs[@]}"; do
               name=${run%%|*}; args=${run#*|}
-              { CUDA_VISIBLE_DEVICES=0 TORCH_LOGS=recompiles timeout "${LIMIT:-420}" python3 -m bench.validation --dataset "$DATA" \
+              { CUDA_VISIBLE_DEVICES=0 TORCH_LOGS=recompiles timeout -k 30 "${LIMIT:-420}" python3 -m bench.validation --dataset "$DATA" \
                   --out "$OUT/validation-$name.json" --state "/tmp/v-$name" --epochs "${EPOCHS:-2}" $args 2>&1 || echo "$name failed: $?"; } \
                 | grep --line-buffered -v "it/s" > "$OUT/validation-$name.log"
             done
@@ -111,7 +113,7 @@ case $phase in
             epochs=${EPOCHS:-3}; split_cpus
             for gpu in 0 1; do
               pin=pin$gpu
-              CUDA_VISIBLE_DEVICES=$gpu ${!pin} timeout "${LIMIT:-520}" python3 -m bench.compare --dataset "$DATA" \
+              CUDA_VISIBLE_DEVICES=$gpu ${!pin} timeout -k 30 "${LIMIT:-520}" python3 -m bench.compare --dataset "$DATA" \
                 --out "/tmp/n-stock$gpu" --only stock --stock-epochs "$epochs" > "$OUT/compare-noise-stock$gpu.txt" 2>&1 &
             done
             wait || true
@@ -127,9 +129,9 @@ case $phase in
             done
             split_cpus  # the stock recipe on GPU 0, the workflow on GPU 1
             nvidia-smi dmon -s u -d 2 > "$OUT/dmon-$name.txt" 2>&1 & dmon=$!
-            CUDA_VISIBLE_DEVICES=0 $pin0 timeout "${LIMIT:-520}" python3 -m bench.compare --dataset "$DATA" \
+            CUDA_VISIBLE_DEVICES=0 $pin0 timeout -k 30 "${LIMIT:-520}" python3 -m bench.compare --dataset "$DATA" \
               --out "/tmp/b-$name-stock" --only stock --stock-epochs "$epochs" > "$OUT/compare-$name-stock.txt" 2>&1 & stock=$!
-            CUDA_VISIBLE_DEVICES=1 $pin1 timeout "${LIMIT:-520}" python3 -m bench.compare --dataset "$DATA" --out "/tmp/b-$name" \
+            CUDA_VISIBLE_DEVICES=1 $pin1 timeout -k 30 "${LIMIT:-520}" python3 -m bench.compare --dataset "$DATA" --out "/tmp/b-$name" \
               --only pipeline --name "$name" --bench-profile "$VARIANT" --train "${TRAIN:-{\}}" --pipeline-epochs "$epochs" \
               --epochs-per-block "$epochs" > "$OUT/compare-$name.txt" 2>&1 || echo "variant failed: $?" >> "$OUT/compare-$name.txt"
             wait $stock || echo "stock failed: $?" >> "$OUT/compare-$name-stock.txt"
