@@ -107,10 +107,12 @@ def run_pipeline(
     overrides: dict[str, Any],
     bench_profile: dict[str, Any] | None = None,
     compile_warmup: bool = False,
+    train_only: bool = False,
 ) -> dict[str, Any]:
     """The workflow through `snakemake` on `dataset` (linked in as already extracted). With `compile_warmup`, its
     compile_warmup rule runs first, as it does beside the download of a real first run (the rule joins the run only
-    while train2017 has yet to be extracted, rules/common.smk)."""
+    while train2017 has yet to be extracted, rules/common.smk). With `train_only`, snakemake is asked for the train
+    blocks alone: no evaluate, export or plot job after them."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "data").mkdir(exist_ok=True)
     link = out / "data" / "coco2017"
@@ -130,8 +132,9 @@ def run_pipeline(
     if compile_warmup:
         warmup_target = "results/train/compile_warmup.json"
         wall += run_logged([*command, warmup_target], out / "snakemake-warmup.log", dict(os.environ), cwd=out)
-    wall += run_logged(command, out / "snakemake.log", dict(os.environ), cwd=out)
     blocks = [out / "results" / "train" / block_name(i + 1) for i in range(len(block_ranges(epochs, per_block)))]
+    targets = [str(block.relative_to(out) / "epochs.json") for block in blocks] if train_only else []
+    wall += run_logged([*command, *targets], out / "snakemake.log", dict(os.environ), cwd=out)
     per_block_records = [read_json(b / "epochs.json") for b in blocks]
     summary = summarize(per_block_records[0])  # the first block: a cold compile cache
     if len(blocks) > 1:
@@ -179,6 +182,7 @@ def main() -> None:
     parser.add_argument(
         "--compile-warmup", action="store_true", help="run the compile_warmup rule first, as beside a download"
     )
+    parser.add_argument("--train-only", action="store_true", help="the train blocks only: no evaluate, export, plot")
     args = parser.parse_args()
     summary_path = args.out / "summary.json"
     summary = read_json(summary_path) if summary_path.exists() else {}
@@ -195,6 +199,7 @@ def main() -> None:
             {"device": args.device, "resolution": args.resolution, **args.train},
             args.bench_profile,
             args.compile_warmup,
+            args.train_only,
         )
     if "stock" in summary and args.name in summary:
         for rate, suffix in (("steady_images_per_second", ""), ("mid_epoch_images_per_second", "_mid_epoch")):

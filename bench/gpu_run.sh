@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The GPU measurements of BENCHMARKS.md, on a machine without network (the project's device machine).
 # usage: bench/gpu_run.sh stock|pipeline|ddp|recompiles|levers|profile|route|validation  (OUT: results folder, default /tmp/bench-out;
-#        N_TRAIN, N_VAL, DETAIL=photo|coco: the synthetic set, bench/synth_coco.py, written to DATA if it is not there)
+#        N_TRAIN, N_VAL, DETAIL=photo|coco, [DISTINCT_TRAIN]: the synthetic set, bench/synth_coco.py, written to DATA if
+#        it is not there)
 #        route:  ROUTE=<gpu_profiles row> NAME=<name> [EPOCHS=3] [SHARE_CACHE=1] [TRAIN='<train settings as JSON>']
-#                [COMPILE_WARMUP=1: the compile_warmup rule first] bench/gpu_run.sh route
+#                [COMPILE_WARMUP=1: the compile_warmup rule first] [TRAIN_ONLY=1: no evaluate, export, plot]
+#                bench/gpu_run.sh route
 #        levers: VARIANT='<a gpu_profiles row as JSON>' [TRAIN='<train settings as JSON>'] NAME=<name> [EPOCHS=3] [LOADER_WORKERS='16 32']
 #                [SPLIT_CPUS=1: half the CPUs each] bench/gpu_run.sh levers
 #        validation: [RUNS='name|bench.validation args;...'] [EPOCHS=2] bench/gpu_run.sh validation  (loader alone first)
@@ -24,7 +26,8 @@ if [ ! -d /tmp/site ] && ! python3 -c 'import rfdetr, snakemake' 2>/dev/null; th
 fi
 export PYTHONPATH=/tmp/site:$PWD
 if [ ! -f "$DATA/annotations/instances_val2017.json" ]; then
-  python3 bench/synth_coco.py "$DATA" "${N_TRAIN:-4096}" "${N_VAL:-500}" --detail "${DETAIL:-photo}"
+  python3 bench/synth_coco.py "$DATA" "${N_TRAIN:-4096}" "${N_VAL:-500}" --detail "${DETAIL:-photo}" \
+    ${DISTINCT_TRAIN:+--distinct-train "$DISTINCT_TRAIN"}
 fi
 { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; nproc
   python3 -c 'import torch, importlib.metadata as m; print("torch", torch.__version__, "rfdetr", m.version("rfdetr"), "snakemake", m.version("snakemake"))'
@@ -84,7 +87,8 @@ case $phase in
             CUDA_VISIBLE_DEVICES=0 timeout -k 30 "${LIMIT:-540}" python3 -m bench.compare --dataset "$DATA" --out "/tmp/r-$name" \
               --only pipeline --name "$name" --profile "${ROUTE:?ROUTE names a gpu_profiles row}" --train "${TRAIN:-{\}}" \
               --pipeline-epochs "${EPOCHS:-3}" --epochs-per-block "${EPOCHS:-3}" \
-              $([ "${COMPILE_WARMUP:-0}" = 1 ] && echo --compile-warmup) > "$OUT/compare-$name.txt" 2>&1 \
+              $([ "${COMPILE_WARMUP:-0}" = 1 ] && echo --compile-warmup) $([ "${TRAIN_ONLY:-0}" = 1 ] && echo --train-only) \
+              > "$OUT/compare-$name.txt" 2>&1 \
               || echo "failed: $?" >> "$OUT/compare-$name.txt"
             kill $dmon || true
             cp "/tmp/r-$name/summary.json" "$OUT/summary-$name.json" || true

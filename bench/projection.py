@@ -5,17 +5,24 @@ usage: python -m bench.projection SUMMARY.json --run NAME --measured-val-images 
            [--validation VALIDATION.json] [--train-images 118287] [--val-images 5000] [--epochs 40]
            [--epochs-per-block 10]
 
-From the run's epochs after the first: training images/s, and validation seconds per image (N images were
-validated each epoch); from its first epoch: the extra seconds a block's start costs (epoch-0 overhead and the first
-validation's extra time, with the compile caches that run had). A cold first block costs more than that: give it as
-`--cold-start-seconds`, or measure it with `--cold`, a run of the same row on the same set that started on empty
-compile caches (`bench/gpu_run.sh route` with `SHARE_CACHE=1`, run twice: the first is cold, the second warm): its
-first-epoch extras less the warm run's. `--validation` takes the validation time from a `bench.validation` run
-instead (its validations after the first, each of `--val-images` images: COCO's 5,000 measured as they are, rather
-than scaled from a smaller set, which also scales the fixed costs of each validation). Prints the inputs beside the
-result, as JSON. Arithmetic, not a COCO run: the loader's cost at COCO's image sizes is whatever the measured runs'
-images cost. Tests: tests/test_bench.py::test_the_projection_adds_epochs_at_the_measured_rates_and_each_blocks_start,
-tests/test_bench.py::test_the_cold_start_is_the_cold_runs_first_epoch_extras_less_the_warm_runs.
+The run is one training job (one block) of two or more epochs. From its epochs after the first: training images/s,
+and validation seconds per image (N images were validated each epoch). From its whole job (Snakemake's benchmark of
+`train/block_01`): what a block costs beyond its epochs at that steady pace, its fixed cost. That is the job's start
+(process, staging, model build), its epoch-0 overhead (compile, CUDA graph recording), its first validation's extra
+and its end (checkpoints, exit). Each block of the projected run pays it once, with the compile caches the measured
+run had.
+
+A first block on empty caches pays more: give that as `--cold-start-seconds`, or measure it with `--cold`, a run of
+the same row on the same set whose caches were empty, or filled by the compile warm-up (`bench/gpu_run.sh route`
+with `SHARE_CACHE=1`, run twice: the first is cold, the second warm). The cold start is the cold run's fixed cost
+less the warm run's, both at the warm run's pace, so the cold run may be one epoch long.
+
+`--validation` takes the validation time from a `bench.validation` run instead (its validations after the first,
+each of `--val-images` images: COCO's 5,000 measured as they are, rather than scaled from a smaller set). Prints the
+inputs beside the result, as JSON. Arithmetic, not a COCO run: the loader's cost at COCO's image sizes is whatever
+the measured runs' images cost. Tests:
+tests/test_bench.py::test_the_projection_adds_epochs_at_the_measured_rates_and_each_blocks_fixed_cost,
+tests/test_bench.py::test_the_cold_start_is_the_cold_runs_fixed_cost_less_the_warm_runs.
 """
 
 from __future__ import annotations
@@ -28,18 +35,37 @@ from typing import Any
 from pipeline.blocks import block_ranges
 from pipeline.common import read_json, run_main
 
+TRAIN_JOB = "train/block_01"
 
-def first_epoch_extra_seconds(run: dict[str, Any]) -> float:
-    """What a run's first epoch cost beyond a steady one: its epoch-0 overhead and its first validation's extra."""
+
+def steady_rates(run: dict[str, Any], measured_val_images: int) -> tuple[float, float]:
+    """Training images/s and validation seconds per image over the run's epochs after the first."""
     later = run["records"][1:]
-    steady_validation = sum(r["val_seconds"] for r in later) / len(later) if later else 0.0
-    return run["epoch0_overhead_seconds"] + run["first_validation_seconds"] - steady_validation
+    if not later:
+        raise ValueError("the run needs at least two epochs: the first pays the start, the others give the rates")
+    steady = sum(r["images"] for r in later) / sum(r["train_seconds"] for r in later)
+    return steady, sum(r["val_seconds"] for r in later) / (len(later) * measured_val_images)
 
 
-def cold_start_seconds(cold: dict[str, Any], warm: dict[str, Any]) -> float:
-    """The extra seconds of a block that starts on empty compile caches: the cold run's first-epoch extras less the
-    warm run's (both runs of one row on one set)."""
-    return round(first_epoch_extra_seconds(cold) - first_epoch_extra_seconds(warm), 1)
+def block_fixed_seconds(
+    run: dict[str, Any], measured_val_images: int, rates: tuple[float, float] | None = None
+) -> float:
+    """The train job's wall seconds less its epochs at the steady pace (the run's own, or `rates`): what a block
+    costs once, whatever its length."""
+    if TRAIN_JOB not in run.get("job_seconds", {}):
+        raise ValueError(f"the run has no {TRAIN_JOB} job time: project from a one-block run of bench.compare")
+    steady, val_per_image = rates or steady_rates(run, measured_val_images)
+    paced = sum(r["images"] / steady + measured_val_images * val_per_image for r in run["records"])
+    return run["job_seconds"][TRAIN_JOB] - paced
+
+
+def cold_start_seconds(cold: dict[str, Any], warm: dict[str, Any], measured_val_images: int) -> float:
+    """The extra seconds of a first block on empty (or warm-up-filled) compile caches: the cold run's fixed cost
+    less the warm run's (both one-block runs of one row on one set), both at the warm run's steady pace, so the cold
+    run may be a single epoch."""
+    rates = steady_rates(warm, measured_val_images)
+    cold_fixed = block_fixed_seconds(cold, measured_val_images, rates)
+    return round(cold_fixed - block_fixed_seconds(warm, measured_val_images, rates), 1)
 
 
 def project(
@@ -53,12 +79,8 @@ def project(
     validation: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The projected hours and the measured inputs they come from (see the module's text)."""
-    later = run["records"][1:]
-    if not later:
-        raise ValueError("the run needs at least two epochs: the first pays the start, the others give the rates")
-    steady = sum(r["images"] for r in later) / sum(r["train_seconds"] for r in later)
-    val_per_image = sum(r["val_seconds"] for r in later) / (len(later) * measured_val_images)
-    block_start = first_epoch_extra_seconds(run)
+    steady, val_per_image = steady_rates(run, measured_val_images)
+    block_fixed = block_fixed_seconds(run, measured_val_images)
     blocks = len(block_ranges(epochs, epochs_per_block))
     val_seconds = val_images * val_per_image
     if validation is not None:
@@ -67,14 +89,16 @@ def project(
             raise ValueError(f"--validation needs validations after the first, each of {val_images} images")
         val_seconds = sum(record["seconds"] for record in warm) / len(warm)
     epoch_seconds = train_images / steady + val_seconds
-    total = epochs * epoch_seconds + blocks * block_start + cold_start_seconds
+    total = epochs * epoch_seconds + blocks * block_fixed + cold_start_seconds
     return {
         "inputs": {
             "steady_train_images_per_second": round(steady, 1),
             "validation_seconds_per_image": round(val_per_image, 5),
             "validation_seconds": round(val_seconds, 2),
             "validation_from": "bench.validation" if validation is not None else "the run, scaled per image",
-            "block_start_extra_seconds": round(block_start, 1),
+            "train_job_seconds": run["job_seconds"][TRAIN_JOB],
+            "block_fixed_seconds": round(block_fixed, 1),
+            "of_which_epoch0_overhead_seconds": run["epoch0_overhead_seconds"],
             "cold_start_seconds": cold_start_seconds,
             "train_images": train_images,
             "val_images": val_images,
@@ -105,7 +129,8 @@ def main() -> None:
     if args.cold is not None:
         if not args.cold_run:
             parser.error("--cold needs --cold-run, the cold run's name in that summary")
-        args.cold_start_seconds = cold_start_seconds(read_json(args.cold)[args.cold_run], run)
+        cold_run = read_json(args.cold)[args.cold_run]
+        args.cold_start_seconds = cold_start_seconds(cold_run, run, args.measured_val_images)
     result = project(
         run,
         args.measured_val_images,
@@ -116,6 +141,9 @@ def main() -> None:
         args.cold_start_seconds,
         read_json(args.validation) if args.validation else None,
     )
+    if args.cold is not None and "train/compile_warmup" in cold_run["job_seconds"]:
+        # beside the train2017 download in a real first run, so not added to the total: shown for the reader
+        result["inputs"]["cold_run_compile_warmup_seconds"] = cold_run["job_seconds"]["train/compile_warmup"]
     print(json.dumps(result, indent=1))
 
 

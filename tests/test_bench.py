@@ -212,12 +212,12 @@ def test_cpus_are_halved_by_numa_node_or_by_whole_cores():
     assert sorted(first + second) == sorted(cpu.number for cpu in this_machine()) and not set(first) & set(second)
 
 
-def test_the_projection_adds_epochs_at_the_measured_rates_and_each_blocks_start():
+def test_the_projection_adds_epochs_at_the_measured_rates_and_each_blocks_fixed_cost():
     from bench.projection import project
 
     measured = {
         "epoch0_overhead_seconds": 100.0,
-        "first_validation_seconds": 30.0,
+        "job_seconds": {"train/block_01": 230.0, "evaluate/evaluate": 50.0},
         "records": [
             {"epoch": 0, "images": 1000, "train_seconds": 110.0, "val_seconds": 30.0},
             {"epoch": 1, "images": 1000, "train_seconds": 10.0, "val_seconds": 10.0},
@@ -227,32 +227,35 @@ def test_the_projection_adds_epochs_at_the_measured_rates_and_each_blocks_start(
     result = project(measured, measured_val_images=100, train_images=2000, val_images=200, epochs=4, epochs_per_block=2)
     inputs = result["inputs"]
     assert inputs["steady_train_images_per_second"] == 100.0 and inputs["validation_seconds_per_image"] == 0.1
-    assert inputs["block_start_extra_seconds"] == 120.0 and inputs["blocks"] == 2  # 100 + (30 - 10)
+    # the job less its three epochs at the steady pace (10 s training + 10 s validation each), whatever else it did
+    assert inputs["block_fixed_seconds"] == 170.0 and inputs["blocks"] == 2
     assert result["epoch_seconds"] == 40.0  # 2000 / 100 + 200 x 0.1
-    assert result["projected_hours"] == round((4 * 40 + 2 * 120) / 3600, 2)
+    assert result["projected_hours"] == round((4 * 40 + 2 * 170) / 3600, 2)
 
     validated = {"validations": [{"images": 200, "seconds": 90.0}, {"images": 200, "seconds": 4.0}]}
     direct = project(measured, 100, 2000, 200, 4, 2, validation=validated)
     assert direct["inputs"]["validation_seconds"] == 4.0 and direct["epoch_seconds"] == 24.0  # 2000 / 100 + 4
     with pytest.raises(ValueError, match="each of 200 images"):
         project(measured, 100, 2000, 200, 4, 2, validation={"validations": [{"images": 500, "seconds": 1.0}] * 2})
+    with pytest.raises(ValueError, match="no train/block_01 job time"):
+        project({**measured, "job_seconds": {}}, 100)
 
 
-def test_the_cold_start_is_the_cold_runs_first_epoch_extras_less_the_warm_runs(tmp_path):
+def test_the_cold_start_is_the_cold_runs_fixed_cost_less_the_warm_runs(tmp_path):
     from bench.projection import cold_start_seconds
 
-    def run(overhead: float, first_validation: float) -> dict:
+    def run(job: float, overhead: float, first_validation: float, warmup: float | None = None) -> dict:
         later = [{"epoch": e, "images": 1000, "train_seconds": 10.0, "val_seconds": 5.0} for e in (1, 2)]
         first = {"epoch": 0, "images": 1000, "train_seconds": 10.0 + overhead, "val_seconds": first_validation}
-        return {
-            "epoch0_overhead_seconds": overhead,
-            "first_validation_seconds": first_validation,
-            "records": [first, *later],
-        }
+        jobs = {"train/block_01": job, **({"train/compile_warmup": warmup} if warmup else {})}
+        return {"epoch0_overhead_seconds": overhead, "job_seconds": jobs, "records": [first, *later]}
 
-    cold, warm = run(180.0, 110.0), run(20.0, 15.0)
-    assert cold_start_seconds(cold, warm) == (180 + 110 - 5) - (20 + 15 - 5)
-    # the command: the same cold start as the arithmetic, shown among the inputs
+    cold, warm = run(400.0, 180.0, 110.0, warmup=230.0), run(120.0, 20.0, 15.0)
+    assert cold_start_seconds(cold, warm, 100) == (400 - 45) - (120 - 45)  # 3 epochs at 10 + 5 s each
+    # a cold run of one epoch, at the warm run's pace
+    one_epoch = {**cold, "records": cold["records"][:1], "job_seconds": {"train/block_01": 370.0}}
+    assert cold_start_seconds(one_epoch, warm, 100) == (370 - 15) - (120 - 45)
+    # the command: the same cold start as the arithmetic, shown among the inputs with the cold run's warm-up
     (tmp_path / "cold.json").write_text(json.dumps({"a": cold}))
     (tmp_path / "warm.json").write_text(json.dumps({"b": warm}))
     common = [sys.executable, "-m", "bench.projection", str(tmp_path / "warm.json"), "--run", "b"]
@@ -263,7 +266,8 @@ def test_the_cold_start_is_the_cold_runs_first_epoch_extras_less_the_warm_runs(t
         text=True,
         check=True,
     )
-    assert json.loads(printed.stdout)["inputs"]["cold_start_seconds"] == 255.0
+    inputs = json.loads(printed.stdout)["inputs"]
+    assert inputs["cold_start_seconds"] == 280.0 and inputs["cold_run_compile_warmup_seconds"] == 230.0
     refused = subprocess.run(
         [*common, "--measured-val-images", "100", "--cold", str(tmp_path / "cold.json")],
         cwd=REPO,
@@ -282,6 +286,26 @@ def test_the_synthetic_set_has_the_byte_size_its_detail_promises(tmp_path, detai
     mean_kb = sum(f.stat().st_size for f in files) / len(files) / 1000
     assert len(files) == 48
     assert low_kb < mean_kb < high_kb, f"{detail}: {mean_kb:.1f} kB an image on average"
+
+
+def test_a_set_with_fewer_distinct_train_images_lists_every_image_and_links_the_rest(tmp_path):
+    import json
+
+    from bench.synth_coco import main
+
+    main([str(tmp_path), "10", "2", "--distinct-train", "4", "--workers", "2"])
+    listing = json.loads((tmp_path / "annotations" / "instances_train2017.json").read_text())
+    files = {image["file_name"]: tmp_path / "train2017" / image["file_name"] for image in listing["images"]}
+    assert len(listing["images"]) == 10 and len({image["id"] for image in listing["images"]}) == 10
+    assert all(path.is_file() for path in files.values())
+    assert len({path.stat().st_ino for path in files.values()}) == 4  # 4 drawn, 6 hard links to them
+    assert len({annotation["id"] for annotation in listing["annotations"]}) == len(listing["annotations"])
+    # a linked image carries the boxes of the image it links to
+    boxes = {}
+    for annotation in listing["annotations"]:
+        boxes.setdefault(annotation["image_id"], []).append(annotation["bbox"])
+    first, fifth = (image["id"] for image in listing["images"][0:5:4])
+    assert boxes[first] == boxes[fifth]
 
 
 def test_a_validation_timed_whole_keeps_its_phases_at_zero_and_counts_its_images():
