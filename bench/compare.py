@@ -154,6 +154,8 @@ def run_pipeline(
         "profile_reason": run["profile_reason"],
         "device": run["device"],
         "staged": read_json(blocks[0] / "stage.json")["where"],
+        # the copy to the RAM disk, when this run made one (a real run's later blocks reuse it)
+        "stage_seconds": read_json(blocks[0] / "stage.json").get("seconds"),
         "records": [r for records in per_block_records for r in records],
     }
 

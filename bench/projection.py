@@ -12,6 +12,9 @@ and validation seconds per image (N images were validated each epoch). From its 
 and its end (checkpoints, exit). Each block of the projected run pays it once, with the compile caches the measured
 run had.
 
+The measured job also copied the set to the RAM disk, which a real run does once: its later blocks reuse the copy.
+`--stage-seconds` (default: the run's own `stage_seconds`, else 0) takes that copy off every block but the first.
+
 A first block on empty caches pays more: give that as `--cold-start-seconds`, or measure it with `--cold`, a run of
 the same row on the same set whose caches were empty, or filled by the compile warm-up (`bench/gpu_run.sh route`
 with `SHARE_CACHE=1`, run twice: the first is cold, the second warm). The cold start is the cold run's fixed cost
@@ -77,6 +80,7 @@ def project(
     epochs_per_block: int = 10,
     cold_start_seconds: float = 0.0,
     validation: dict[str, Any] | None = None,
+    stage_seconds: float | None = None,
 ) -> dict[str, Any]:
     """The projected hours and the measured inputs they come from (see the module's text)."""
     steady, val_per_image = steady_rates(run, measured_val_images)
@@ -89,7 +93,8 @@ def project(
             raise ValueError(f"--validation needs validations after the first, each of {val_images} images")
         val_seconds = sum(record["seconds"] for record in warm) / len(warm)
     epoch_seconds = train_images / steady + val_seconds
-    total = epochs * epoch_seconds + blocks * block_fixed + cold_start_seconds
+    copy = (run.get("stage_seconds") or 0.0) if stage_seconds is None else stage_seconds
+    total = epochs * epoch_seconds + blocks * block_fixed - (blocks - 1) * copy + cold_start_seconds
     return {
         "inputs": {
             "steady_train_images_per_second": round(steady, 1),
@@ -99,6 +104,7 @@ def project(
             "train_job_seconds": run["job_seconds"][TRAIN_JOB],
             "block_fixed_seconds": round(block_fixed, 1),
             "of_which_epoch0_overhead_seconds": run["epoch0_overhead_seconds"],
+            "of_which_stage_copy_seconds": copy,
             "cold_start_seconds": cold_start_seconds,
             "train_images": train_images,
             "val_images": val_images,
@@ -120,6 +126,7 @@ def main() -> None:
     cold.add_argument("--cold", type=Path, help="a bench.compare summary.json of the same row's cold run")
     parser.add_argument("--cold-run", help="the cold run's name in --cold")
     parser.add_argument("--validation", type=Path, help="a bench.validation output of --val-images images")
+    parser.add_argument("--stage-seconds", type=float, help="the run's copy to the RAM disk (default: its own)")
     parser.add_argument("--train-images", type=int, default=118_287)
     parser.add_argument("--val-images", type=int, default=5_000)
     parser.add_argument("--epochs", type=int, default=40)
@@ -140,6 +147,7 @@ def main() -> None:
         args.epochs_per_block,
         args.cold_start_seconds,
         read_json(args.validation) if args.validation else None,
+        args.stage_seconds,
     )
     if args.cold is not None and "train/compile_warmup" in cold_run["job_seconds"]:
         # beside the train2017 download in a real first run, so not added to the total: shown for the reader

@@ -137,8 +137,16 @@ def stage_dataset(
     report.update(files=manifest.files, bytes=manifest.bytes, copy=name)
     with FileLock(str(ramdisk / f".{name}.lock")):  # one run stages a copy at a time; others wait, then reuse it
         if is_complete_copy(target, source, manifest):
-            log.info("Reusing the staged copy in %s (%d files, %s)", target, manifest.files, size(manifest.bytes))
-            return {**report, "path": str(target), "where": "ramdisk", "reason": "already staged"}
+            seconds = time.perf_counter() - start
+            log.info(
+                "Reusing the staged copy in %s (%d files, %s; checked in %.1f s)",
+                target,
+                manifest.files,
+                size(manifest.bytes),
+                seconds,
+            )
+            reused = {"path": str(target), "where": "ramdisk", "reason": "already staged", "seconds": round(seconds, 2)}
+            return {**report, **reused}
         partial = ramdisk / f".{name}.partial"
         for stale in (target, partial):
             shutil.rmtree(stale, ignore_errors=True)  # a half-made copy of this very data: nobody reads it

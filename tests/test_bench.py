@@ -237,6 +237,11 @@ def test_the_projection_adds_epochs_at_the_measured_rates_and_each_blocks_fixed_
     assert direct["inputs"]["validation_seconds"] == 4.0 and direct["epoch_seconds"] == 24.0  # 2000 / 100 + 4
     with pytest.raises(ValueError, match="each of 200 images"):
         project(measured, 100, 2000, 200, 4, 2, validation={"validations": [{"images": 500, "seconds": 1.0}] * 2})
+    # a real run copies the set to the RAM disk once: the later blocks do without the measured job's copy
+    copied = project({**measured, "stage_seconds": 30.0}, 100, 2000, 200, 4, 2)
+    assert copied["inputs"]["of_which_stage_copy_seconds"] == 30.0
+    assert copied["projected_hours"] == round((4 * 40 + 2 * 170 - 30) / 3600, 2)
+    assert project({**measured, "stage_seconds": 30.0}, 100, 2000, 200, 4, 2, stage_seconds=0.0) == result
     with pytest.raises(ValueError, match="no train/block_01 job time"):
         project({**measured, "job_seconds": {}}, 100)
 
