@@ -3,7 +3,7 @@
 usage: python -m bench.profile_steps --dataset DIR --out FILE.json [--batch 128] [--start 30] [--steps 6]
            [--variant stock|eager|eager_graphs|te_graphs] [--speedups none|all|NAME,...|all,-NAME,...]
            [--loader-niceness N]
-           [--threads N] [--sync-debug] [--resolution N] [--trace]
+           [--threads N] [--sync-debug] [--resolution N] [--trace] [--cudnn-benchmark]
 
 Runs the notebook's `train()` call (bench.stock_recipe) with the speedups of the workflow's registry that
 `--speedups` names (`python -m rfdetr_extensions` lists them; `static_cuda_graphs` also turns on compile and
@@ -11,7 +11,10 @@ cuda_graphs). Steps [start - 2*steps, start) are timed with no profiler (the rat
 [start, start + steps) run under torch.profiler. Then it writes, per step: wall seconds, GPU-busy seconds (the union
 of every kernel, copy and memset interval on the device), the host seconds of each phase of Lightning's step
 (forward + loss, backward, optimizer + callbacks, waiting for data), the host's time blocked in synchronising CUDA
-calls, call counts, and the kernels that take most GPU time. Then the process exits, before any validation.
+calls, call counts, and the kernels that take most GPU time; also the seconds before the timed steps (start-up,
+compile or compile-cache loads, first steps) and torch.compile's cache lookups by then. Then the process exits,
+before any validation. `--cudnn-benchmark` lets cuDNN time its algorithms per shape; Inductor's settings come from
+the environment (e.g. TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1), and each run's name and result record both.
 
 If the GPU is busy a fraction f of a step, a step made of the same kernels cannot run faster than f times the
 step's time however little the host does: 1/f is the ceiling on the speed-up from removing host overhead.
@@ -101,11 +104,16 @@ def summarize_events(events: list[tuple[str, bool, int, int]], steps: int, top: 
     }
 
 
+PROCESS_STARTED = time.perf_counter()  # this module is imported within a second of the interpreter's start
+
+
 def profile_callback(
     start: int, steps: int, out: Path, batch: int, variant: str, trace: bool = False, sync_debug: bool = False
 ) -> Any:
     import pytorch_lightning as pl
     import torch
+
+    from rfdetr_extensions.callbacks.epoch_log import compile_cache_counts
 
     cuda = torch.cuda.is_available()
 
@@ -144,6 +152,9 @@ def profile_callback(
             if self.step == self.timed_from:
                 sync()
                 self.timed_started = time.perf_counter()
+                # the process's start, model build, compile (or compile-cache loads) and first steps
+                self.result["seconds_before_timed_steps"] = round(self.timed_started - PROCESS_STARTED, 1)
+                self.result["compile_cache"] = compile_cache_counts()  # by then every graph is compiled or loaded
                 self.thread_usage = resource.getrusage(resource.RUSAGE_THREAD)
                 gc.callbacks.append(self.time_gc)
             if self.step == start:
@@ -273,6 +284,9 @@ def main() -> None:
     )
     parser.add_argument("--threads", type=int, help="torch.set_num_threads for the training process (default: torch's)")
     parser.add_argument("--trace", action="store_true", help="also write the profiled steps as <out>.trace.json.gz")
+    parser.add_argument(
+        "--cudnn-benchmark", action="store_true", help="let cuDNN time its algorithms per shape (torch's default: off)"
+    )
     args = parser.parse_args()
     from bench.stock_recipe import train_like_notebook
 
@@ -282,7 +296,9 @@ def main() -> None:
     if "static_cuda_graphs" in selection.names():
         compile_, graphs = True, True
     import torch
+    import torch._inductor.config as inductor_config
 
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark  # Lightning's Trainer(benchmark=None) keeps this value
     default_threads = torch.get_num_threads()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -293,9 +309,14 @@ def main() -> None:
     )
     name += f"+nice{args.loader_niceness}" if args.loader_niceness else ""
     name += f"+threads{args.threads}" if args.threads else ""
+    name += "+cudnn_benchmark" if args.cudnn_benchmark else ""
+    # TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1 in the environment turns this on
+    name += "+coordinate_descent" if inductor_config.coordinate_descent_tuning else ""
     callback = profile_callback(args.start, args.steps, args.out, args.batch, name, args.trace, args.sync_debug)
     callback.result["host_threads"] = {"default": default_threads, "used": torch.get_num_threads()}
     callback.result["speedups"] = selection.names()
+    callback.result["cudnn_benchmark"] = torch.backends.cudnn.benchmark
+    callback.result["coordinate_descent_tuning"] = inductor_config.coordinate_descent_tuning
     with applied(selection, SpeedupOptions(loader_niceness=args.loader_niceness)) as speedup_callbacks:
         train_like_notebook(
             args.dataset,
