@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
@@ -10,7 +11,7 @@ import sys
 from pathlib import Path
 
 from pipeline.dataset import MARKER, CopyUsers, reading_the_copy
-from scripts.stage import stage_dataset
+from scripts.stage import manifest_of, stage_dataset
 from tests.helpers.workflow import REPO
 
 
@@ -129,3 +130,30 @@ def test_a_copy_removed_between_staging_and_training_is_read_from_disk(tiny_data
     shutil.rmtree(report["path"])
     stage, users = reading_the_copy(report)
     assert stage["where"] == "disk" and stage["path"] == report["source"] and users is None
+
+
+def test_the_fingerprint_orders_paths_by_their_components(tmp_path):
+    """A copy staged before the check worked on strings keeps its name: the fingerprint is the SHA-256 of the files in
+    `pathlib`'s order, which differs from plain string order where a name holds a character below "/"."""
+    for folder in ("a-b", "a", "a.c", "A", "a/deeper", "annotations"):
+        (tmp_path / folder).mkdir(parents=True, exist_ok=True)
+        (tmp_path / folder / "x.jpg").write_bytes(folder.encode())
+    (tmp_path / "annotations" / "instances_val2017.json").write_text('{"images": []}')
+    (tmp_path / "top.jpg").write_bytes(b"top")
+    (tmp_path / MARKER).write_text("{}")  # a staged copy's marker: not part of what the copy holds
+
+    files = sorted(path.relative_to(tmp_path) for path in tmp_path.rglob("*") if path.is_file() and path.name != MARKER)
+    summary = hashlib.sha256()
+    for relative in files:  # as pathlib sorts them: component by component
+        path = tmp_path / relative
+        if relative.suffix == ".json":
+            what = "md5 " + hashlib.md5(path.read_bytes()).hexdigest()
+        else:
+            what = f"{path.stat().st_size} {path.stat().st_mtime_ns}"
+        summary.update(f"{relative.as_posix()}\0{what}\n".encode())
+
+    manifest, listed = manifest_of(tmp_path, workers=2)
+    assert manifest.fingerprint == summary.hexdigest()
+    assert sorted(listed) == sorted(relative.as_posix() for relative in files)
+    assert (manifest.files, manifest.bytes) == (len(files), sum((tmp_path / f).stat().st_size for f in files))
+    assert [str(f) for f in files].index("a/x.jpg") < [str(f) for f in files].index("a-b/x.jpg")  # the orders differ
