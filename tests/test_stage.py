@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import torch
 
 from pipeline.dataset import MARKER, CopyUsers, reading_the_copy
 from scripts.stage import manifest_of, stage_dataset
@@ -157,3 +160,33 @@ def test_the_fingerprint_orders_paths_by_their_components(tmp_path):
     assert sorted(listed) == sorted(relative.as_posix() for relative in files)
     assert (manifest.files, manifest.bytes) == (len(files), sum((tmp_path / f).stat().st_size for f in files))
     assert [str(f) for f in files].index("a/x.jpg") < [str(f) for f in files].index("a-b/x.jpg")  # the orders differ
+
+
+def test_the_staged_train_annotations_give_rfdetr_the_same_targets(tiny_dataset, tmp_path):
+    """train2017's annotations are staged without segmentation polygons; rfdetr's training dataset reads the same
+    targets from the copy as from the source, image for image. val2017's annotations are staged byte for byte."""
+    from rfdetr.datasets.coco import CocoDetection
+
+    ramdisk = tmp_path / "shm"
+    ramdisk.mkdir()
+    staged = Path(stage_dataset(tiny_dataset, ramdisk, "coco", 0)["path"])
+    source_json = json.loads((tiny_dataset / "annotations" / "instances_train2017.json").read_text())
+    staged_json = json.loads((staged / "annotations" / "instances_train2017.json").read_text())
+    assert all("segmentation" in annotation for annotation in source_json["annotations"])
+    assert not any("segmentation" in annotation for annotation in staged_json["annotations"])
+    for annotation in source_json["annotations"]:
+        del annotation["segmentation"]
+    assert staged_json == source_json
+    for name in ("instances_val2017.json",):
+        assert (staged / "annotations" / name).read_bytes() == (tiny_dataset / "annotations" / name).read_bytes()
+
+    def dataset(root: Path) -> CocoDetection:
+        return CocoDetection(root / "train2017", root / "annotations" / "instances_train2017.json", transforms=None)
+
+    from_source, from_copy = dataset(tiny_dataset), dataset(staged)
+    assert len(from_source) == len(from_copy) == len(source_json["images"])
+    for index in range(len(from_source)):
+        (_, expected), (_, target) = from_source[index], from_copy[index]
+        assert expected.keys() == target.keys()
+        for key, value in expected.items():
+            assert torch.equal(value, target[key]), (index, key)

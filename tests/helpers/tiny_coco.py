@@ -37,6 +37,7 @@ def make_split(root: Path, split: str, count: int, seed: int) -> None:
                     "bbox": [x, y, w, h],
                     "area": w * h,
                     "iscrowd": 0,
+                    "segmentation": [[x, y, x + w, y, x + w, y + h, x, y + h]],  # as COCO's: one polygon
                 }
             )
         name = f"{image_id:012d}.jpg"
