@@ -21,10 +21,11 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import multiprocessing
 import os
 import shutil
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -137,18 +138,25 @@ def copy_tree(source: Path, target: Path, files: list[str], total_bytes: int, wo
         (target / folder).mkdir(parents=True, exist_ok=True)
 
     def copy_one(relative: str) -> int:
-        if relative == TRAIN_ANNOTATIONS:
-            copy_without_segmentation(source / relative, target / relative)
-        else:
-            shutil.copyfile(source / relative, target / relative)
+        shutil.copyfile(source / relative, target / relative)
         return os.stat(source / relative).st_size
 
+    # The JSON parse holds the GIL for seconds: in a process of its own it leaves the copy threads running.
     with (
+        ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as annotations,
         ThreadPoolExecutor(max(1, workers)) as pool,
         tqdm(total=total_bytes, unit="B", unit_scale=True, desc="stage", mininterval=2.0) as bar,
     ):
-        for size in pool.map(copy_one, files):
+        stripping = None
+        if TRAIN_ANNOTATIONS in files:
+            stripping = annotations.submit(
+                copy_without_segmentation, source / TRAIN_ANNOTATIONS, target / TRAIN_ANNOTATIONS
+            )
+        for size in pool.map(copy_one, (f for f in files if f != TRAIN_ANNOTATIONS)):
             bar.update(size)
+        if stripping is not None:
+            stripping.result()
+            bar.update(os.stat(source / TRAIN_ANNOTATIONS).st_size)
 
 
 def stage_dataset(
