@@ -5,7 +5,8 @@ usage: python -m bench.attention_backends [--batch 128] [--repeats 50] [--out FI
 RF-DETR Nano at 384 px calls `scaled_dot_product_attention` with three shapes per image batch B: the backbone's
 windowed layers (9 calls of 4B x 6 heads x 145 tokens x 64), its global layers (3 calls of B x 6 x 580 x 64) and the
 decoder's self-attention (2 calls; in training with group DETR's 13 query groups: 13B x 8 x 300 x 32). For each
-shape, with PyTorch's own choice and with each backend it offers (`torch.nn.attention.SDPBackend`), this times the
+shape, with PyTorch's own choice, with each backend it offers (`torch.nn.attention.SDPBackend`) and with FlexAttention
+(`torch.nn.attention.flex_attention`, compiled: Inductor's Triton kernel for the shape), this times the
 forward and the backward pass in bf16 with CUDA events, and compares the output with the math backend's in float32.
 Prints and writes one record per shape and backend; a backend that refuses a shape is reported with its error.
 """
@@ -40,24 +41,30 @@ def time_backend(backend: Any, shape: tuple[int, ...], repeats: int) -> dict[str
     grad = torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=generator)
     with sdpa_kernel(SDPBackend.MATH):
         reference = F.scaled_dot_product_attention(q.float(), k.float(), v.float())
+    if backend == "FLEX":
+        from torch.nn.attention.flex_attention import flex_attention
+
+        attention = torch.compile(flex_attention, dynamic=False)
+    else:
+        attention = F.scaled_dot_product_attention
     try:
-        with sdpa_kernel(backend) if backend is not None else contextlib.nullcontext():
-            for _ in range(3):  # warm-up: kernel selection, autotuning
-                out = F.scaled_dot_product_attention(q, k, v)
+        with sdpa_kernel(backend) if backend not in (None, "FLEX") else contextlib.nullcontext():
+            for _ in range(3):  # warm-up: kernel selection, autotuning, FlexAttention's compile
+                out = attention(q, k, v)
                 out.backward(grad)
             torch.cuda.synchronize()
             events = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
             forward_ms = backward_ms = 0.0
             for _ in range(repeats):
                 events[0].record()
-                out = F.scaled_dot_product_attention(q, k, v)
+                out = attention(q, k, v)
                 events[1].record()
                 out.backward(grad)
                 events[2].record()
                 torch.cuda.synchronize()
                 forward_ms += events[0].elapsed_time(events[1])
                 backward_ms += events[1].elapsed_time(events[2])
-    except RuntimeError as error:
+    except Exception as error:  # a backend that refuses the shape (RuntimeError), or FlexAttention's compile
         return {"error": str(error).splitlines()[0][:200]}
     return {
         "forward_ms": round(forward_ms / repeats, 4),
@@ -75,7 +82,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    backends = [None, SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
+    backends = [None, SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, "FLEX"]
     records = []
     for name, (calls, shape) in shapes(args.batch).items():
         for backend in backends:
@@ -83,7 +90,7 @@ def main() -> None:
                 "shape": name,
                 "query": shape,
                 "calls_per_step": calls,
-                "backend": backend.name if backend else "default",
+                "backend": getattr(backend, "name", backend or "default"),
             }
             record |= time_backend(backend, shape, args.repeats)
             if "forward_ms" in record:
