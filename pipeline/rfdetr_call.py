@@ -156,14 +156,18 @@ def configure_compile_cache(state_root: Path) -> None:
     os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "1")
 
 
-def set_host_threads(threads: int, device: Device) -> None:
-    """CPU threads of this process's own torch operations on a GPU run (0 keeps torch's default). The data-loader
-    workers are separate processes with one thread each; see config.yaml's train.host_threads for why 1 is
-    faster. A CPU run computes the model itself on the host, so it keeps torch's default."""
+def set_host_threads(threads: int, device: Device, ranks: int = 1) -> None:
+    """CPU threads of this process's own torch operations. On a GPU run, `threads` (0 keeps torch's default): the
+    data-loader workers are separate processes with one thread each; see config.yaml's train.host_threads for why 1
+    is faster. A CPU run computes the model itself on the host, so it keeps torch's default (one per core, or the
+    job's threads under snakemake), shared among its `ranks` DDP processes: two ranks with a thread per core each
+    overcommit the cores and run several times slower than one (`tests/test_slurm.py`'s DDP test checks the log)."""
     import torch
 
     if threads and device.kind == "cuda":
         torch.set_num_threads(threads)
+    elif device.kind == "cpu" and ranks > 1:
+        torch.set_num_threads(max(1, torch.get_num_threads() // ranks))
     log.info("Host threads of the training process: %d", torch.get_num_threads())
 
 
@@ -230,7 +234,7 @@ def run_rfdetr(
     # rfdetr seeds inside train(), after the model is built: seed first so the random initialisation is
     # reproducible too (the same seed gives the same run).
     profile = route.profile
-    set_host_threads(train["host_threads"], route.device)
+    set_host_threads(train["host_threads"], route.device, recipe["gpus"])
     options = SpeedupOptions(loader_niceness=train["loader_niceness"])
     pl.seed_everything(recipe["seed"], workers=True)
     model = RFDETRNano(pretrain_weights=None, compile=profile["compile"], cuda_graphs=profile["cuda_graphs"])

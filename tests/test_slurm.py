@@ -272,4 +272,6 @@ def test_a_training_job_cancelled_mid_block_leaves_no_training_process_and_is_re
     # train.gpus: 2 asked SLURM for 2 (fake) GPUs, and both DDP ranks ran inside the one job, started by Lightning
     assert re.search(r"gres[/:]gpu:2", slurm_jobs()[str(trains[-1][0])]["TresPerJob"])
     assert "GLOBAL_RANK: 0, MEMBER: 1/2" in log and "GLOBAL_RANK: 1, MEMBER: 2/2" in log
+    # the job's 2 CPUs shared between its 2 ranks, not a thread per CPU each (several times slower on the CPU)
+    assert "Host threads of the training process: 1" in log and "training process: 2" not in log
     assert run["recipe"]["gpus"] == 2 and run["recipe"]["lr"] == pytest.approx(2e-4)  # lr_scaling: linear
