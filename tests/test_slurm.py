@@ -120,62 +120,6 @@ def run_with_profile(workdir: Path, profile: Path, timeout: float = 900) -> subp
     )
 
 
-def test_the_workflow_runs_through_sbatch_with_the_requests_of_the_profile(slurm, workdir, server, archives, tmp_path):
-    # one (fake) GPU, asked of SLURM; several, with DDP, in the cancellation test below
-    write_config(workdir, tiny_config(workdir, server.url, archives, epochs=1, gpus=1))
-    # The first two archives on this machine: every submitted rule still goes through sbatch once (train2017's
-    # extraction, then verify, train, plot, evaluate and export), and the other data jobs, each a SLURM round trip
-    # of about 14 s here (the plugin's status checks back off while a job runs), are left out.
-    assert run_snakemake(workdir, "data/coco2017/val2017").returncode == 0
-    before = set(slurm_jobs())
-    result = run_with_profile(workdir, slurm_test_profile(tmp_path))
-    assert result.returncode == 0, result.stdout[-5000:]
-    assert (workdir / "results" / "plots" / "summary.txt").is_file()
-    assert (workdir / "results" / "eval" / "metrics.json").is_file() and (
-        workdir / "results" / "export" / "model.onnx"
-    ).is_file()
-
-    jobs = {i: j for i, j in slurm_jobs().items() if i not in before}
-    by_rule = {}
-    for job_id, job in jobs.items():
-        rule = re.match(r"rule_([a-z_]+?)(_wildcards|$)", job["Comment"]).group(1)
-        by_rule.setdefault(rule, []).append((job_id, job))
-    # cluster.local_rules' default: the download ran here, on the machine where snakemake runs, not through sbatch
-    assert len(server.gets("train2017.zip")) == 1 and (workdir / "data" / "coco2017" / "train2017").is_dir()
-    assert sorted((r, len(j)) for r, j in by_rule.items()) == [
-        ("evaluate", 1),
-        ("export_model", 1),
-        ("extract_archive", 1),
-        ("plot_metrics", 1),
-        ("train_block", 1),
-        ("verify_counts", 1),
-    ]
-    assert "train2017" in by_rule["extract_archive"][0][1]["Comment"]
-    ((train_id, train),) = by_rule["train_block"]
-    assert train["JobState"] == "COMPLETED" and train["Partition"] == PARTITION
-    assert re.search(r"gres[/:]gpu:1", train["TresPerJob"])  # train.gpus: 1
-    assert train["NumCPUs"] == "2"  # the profile's threads, capped at 2 for this node
-    assert train["MinMemoryNode"] == "2000M"  # resources.train_mem_mb (the tiny set adds no RAM-disk MB)
-    assert train["TimeLimit"] == "00:45:00"  # 30 min + 15 min per epoch of the block
-    # the other jobs: the profile's threads (capped at 2) and runtimes, the memory of resources.*, no GPU
-    for rule, cpus, limit, memory in [
-        ("extract_archive", "2", "02:00:00", "4000M"),
-        ("verify_counts", "2", "02:00:00", "8000M"),
-        ("plot_metrics", "1", "02:00:00", "4000M"),
-        ("evaluate", "2", "00:10:00", "2000M"),  # resources.evaluate_minutes and _mem_mb (tiny_config's)
-        ("export_model", "1", "02:00:00", "2000M"),
-    ]:
-        ((_, job),) = by_rule[rule]
-        requested = (job["JobState"], job["Partition"], job["NumCPUs"], job["TimeLimit"], job["MinMemoryNode"])
-        assert requested == ("COMPLETED", PARTITION, cpus, limit, memory), rule
-        assert "gpu" not in job.get("TresPerJob", ""), rule
-    # staging and training ran in the same SLURM job, on the same node
-    stage = json.loads((workdir / "results" / "train" / "block_01" / "stage.json").read_text())
-    run = json.loads((workdir / "results" / "train" / "block_01" / "run.json").read_text())
-    assert stage["slurm_job_id"] == run["slurm_job_id"] == train_id
-    assert stage["host"] == run["host"] == train["NodeList"]
-
-
 def test_with_no_local_rules_the_downloads_go_through_sbatch_too(slurm, workdir, server, archives, tmp_path):
     config = tiny_config(workdir, server.url, archives)
     config["cluster"]["local_rules"] = []  # a cluster whose compute nodes reach the internet
@@ -216,26 +160,22 @@ def training_ranks_of_job(job_id: str) -> list[psutil.Process]:
     return ranks
 
 
-def test_a_training_job_cancelled_mid_block_leaves_no_training_process_and_is_resumed(
+def test_the_workflow_runs_through_sbatch_and_a_training_job_cancelled_mid_block_is_resumed(
     slurm, workdir, server, archives, tmp_path
 ):
-    # two DDP ranks (gloo on the CPU): Lightning starts rank 1 as a child process of rank 0
+    # two DDP ranks (gloo on the CPU) in a job that asks SLURM for 2 (fake) GPUs: Lightning starts rank 1 as a child
+    # process of rank 0
     write_config(workdir, tiny_config(workdir, server.url, archives, epochs=2, epochs_per_block=2, gpus=2))
-    # the data stages on this machine first (the test above sends each data rule through SLURM);
-    # only training goes there
-    assert run_snakemake(workdir, "results/verify/dataset.json").returncode == 0
+    # The first two archives on this machine: every submitted rule still goes through sbatch once (train2017's
+    # extraction, then verify, train, plot, evaluate and export), and the other data jobs, each a SLURM round trip
+    # of about 14 s here (the plugin's status checks back off while a job runs), are left out.
+    assert run_snakemake(workdir, "data/coco2017/val2017").returncode == 0
     before = set(slurm_jobs())
     command = [c for c in snakemake_command(workdir) if c not in ("--cores", "2")]
     profile = ["--workflow-profile", str(slurm_test_profile(tmp_path))]
-    # up to the block's outputs: the plot job after it would add a SLURM round trip and test nothing new here
-    target = "results/train/block_01/run.json"
     with open(workdir / "snakemake.out", "w") as output:
         snakemake = subprocess.Popen(
-            [*command, *profile, target],
-            cwd=workdir,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            text=True,
+            [*command, *profile], cwd=workdir, stdout=output, stderr=subprocess.STDOUT, text=True
         )
         wait_for_file(snakemake, "*/last.ckpt", workdir / "results" / "train" / "state")  # epoch 1 is saved
         running = [
@@ -261,17 +201,55 @@ def test_a_training_job_cancelled_mid_block_leaves_no_training_process_and_is_re
             for process in processes_of_job(running[0]):
                 with contextlib.suppress(psutil.Error):
                     process.kill()
-    trains = sorted(
-        (int(i), j["JobState"]) for i, j in slurm_jobs().items() if i not in before and "train_block" in j["Comment"]
-    )
-    assert [state for _, state in trains] == ["CANCELLED", "COMPLETED"]
+    assert (workdir / "results" / "plots" / "summary.txt").is_file()
+    assert (workdir / "results" / "eval" / "metrics.json").is_file()
+    assert (workdir / "results" / "export" / "model.onnx").is_file()
+
+    by_rule: dict[str, list[tuple[str, dict[str, str]]]] = {}
+    for job_id, job in sorted(slurm_jobs().items(), key=lambda item: int(item[0])):
+        if job_id not in before:
+            rule = re.match(r"rule_([a-z_]+?)(_wildcards|$)", job["Comment"]).group(1)
+            by_rule.setdefault(rule, []).append((job_id, job))
+    # cluster.local_rules' default: the download ran here, on the machine where snakemake runs, not through sbatch
+    assert len(server.gets("train2017.zip")) == 1 and (workdir / "data" / "coco2017" / "train2017").is_dir()
+    assert sorted((r, len(j)) for r, j in by_rule.items()) == [
+        ("evaluate", 1),
+        ("export_model", 1),
+        ("extract_archive", 1),
+        ("plot_metrics", 1),
+        ("train_block", 2),  # the cancelled job and the one snakemake submitted again
+        ("verify_counts", 1),
+    ]
+    assert "train2017" in by_rule["extract_archive"][0][1]["Comment"]
+    assert [job["JobState"] for _, job in by_rule["train_block"]] == ["CANCELLED", "COMPLETED"]
+    train_id, train = by_rule["train_block"][-1]
+    assert train["Partition"] == PARTITION
+    assert re.search(r"gres[/:]gpu:2", train["TresPerJob"])  # train.gpus: 2
+    assert train["NumCPUs"] == "2"  # the profile's threads, capped at 2 for this node
+    assert train["MinMemoryNode"] == "2000M"  # resources.train_mem_mb (the tiny set adds no RAM-disk MB)
+    assert train["TimeLimit"] == "01:00:00"  # 30 min + 15 min per epoch of the block
+    # the other jobs: the profile's threads (capped at 2) and runtimes, the memory of resources.*, no GPU
+    for rule, cpus, limit, memory in [
+        ("extract_archive", "2", "02:00:00", "4000M"),
+        ("verify_counts", "2", "02:00:00", "8000M"),
+        ("plot_metrics", "1", "02:00:00", "4000M"),
+        ("evaluate", "2", "00:10:00", "2000M"),  # resources.evaluate_minutes and _mem_mb (tiny_config's)
+        ("export_model", "1", "02:00:00", "2000M"),
+    ]:
+        ((_, job),) = by_rule[rule]
+        requested = (job["JobState"], job["Partition"], job["NumCPUs"], job["TimeLimit"], job["MinMemoryNode"])
+        assert requested == ("COMPLETED", PARTITION, cpus, limit, memory), rule
+        assert "gpu" not in job.get("TresPerJob", ""), rule
+
+    # the resubmitted job resumed the block; staging and training ran in that same SLURM job, on the same node
     log = (workdir / "results" / "logs" / "train" / "block_01.log").read_text()
     assert "resuming the interrupted block" in log and "at epoch 2" in log
+    stage = json.loads((workdir / "results" / "train" / "block_01" / "stage.json").read_text())
     run = json.loads((workdir / "results" / "train" / "block_01" / "run.json").read_text())
-    assert run["slurm_job_id"] == str(trains[-1][0]) and run["resumed_from"].endswith("last.ckpt")
-    # train.gpus: 2 asked SLURM for 2 (fake) GPUs, and both DDP ranks ran inside the one job, started by Lightning
-    assert re.search(r"gres[/:]gpu:2", slurm_jobs()[str(trains[-1][0])]["TresPerJob"])
+    assert stage["slurm_job_id"] == run["slurm_job_id"] == train_id and run["resumed_from"].endswith("last.ckpt")
+    assert stage["host"] == run["host"] == train["NodeList"]
+    # both DDP ranks ran inside the one job, started by Lightning, sharing its 2 CPUs (a thread per CPU each would
+    # overcommit them, several times slower on the CPU)
     assert "GLOBAL_RANK: 0, MEMBER: 1/2" in log and "GLOBAL_RANK: 1, MEMBER: 2/2" in log
-    # the job's 2 CPUs shared between its 2 ranks, not a thread per CPU each (several times slower on the CPU)
     assert "Host threads of the training process: 1" in log and "training process: 2" not in log
     assert run["recipe"]["gpus"] == 2 and run["recipe"]["lr"] == pytest.approx(2e-4)  # lr_scaling: linear
