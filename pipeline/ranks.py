@@ -7,7 +7,7 @@ proctrack/linuxproc) no longer sees it, and ranks that stop at different steps w
 for ever. `die_with_parent` asks the kernel to kill a rank when its parent ends (PR_SET_PDEATHSIG): rank 0 when the
 job's shell does, the others when rank 0 does. The last finished epoch is saved every epoch, so nothing is lost that
 a graceful stop would keep. Shown by
-`tests/test_slurm.py::test_a_training_job_cancelled_mid_block_leaves_no_training_process_and_is_resumed`.
+`tests/test_slurm.py::test_the_workflow_runs_through_sbatch_and_a_training_job_cancelled_mid_block_is_resumed`.
 """
 
 from __future__ import annotations

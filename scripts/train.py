@@ -9,7 +9,7 @@ Shown by
 `tests/test_pipeline.py::test_blocks_follow_the_learning_rate_schedule_of_one_uninterrupted_run`,
 `tests/test_pipeline.py::test_a_block_never_resumes_a_checkpoint_made_under_another_recipe`,
 `tests/test_faults.py::test_sigkill_of_snakemake_mid_training_resumes_from_the_last_epoch`,
-`tests/test_faults.py::test_sigterm_of_a_training_job_loses_at_most_one_epoch`,
+`tests/test_faults.py::test_sigterm_of_a_training_job_stops_it_with_the_last_completed_epoch_saved`,
 `tests/test_rfdetr_extensions.py::test_with_another_rfdetr_auto_trains_with_stock_rfdetr_and_the_log_lists_what_was_left_off`
 and, on a GPU, `tests/test_gpu.py::test_the_h200_row_as_a_user_gets_it_captures_and_replays_cuda_graphs`.
 """
