@@ -13,9 +13,9 @@ from tests.helpers.archive_server import ArchiveServer
 from tests.helpers.tiny_coco import make_archives, make_dataset
 from tests.helpers.workflow import tiny_config, write_config
 
-# The files that run the workflow, longest first: with the pytest-xdist workers of pyproject.toml, each taking whole
-# files in this order, they start at once and the short files fill in behind them, rather than one of them starting
-# last while the other workers have nothing left to do.
+# The files that run the workflow, longest first (about 6, 3.5 and 3 minutes alone on 2 cores): with the two
+# pytest-xdist workers of pyproject.toml, each taking whole files in this order, they start at once and the short
+# files fill in behind them, rather than one of them starting last while the other worker has nothing left to do.
 LONGEST_FILES = ["test_faults.py", "test_slurm.py", "test_pipeline.py", "test_shared_machine.py"]
 
 
