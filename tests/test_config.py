@@ -11,7 +11,7 @@ import yaml
 from snakemake.utils import update_config
 
 from pipeline.config_check import coerce_to_schema, config_errors, load_schema
-from tests.helpers.workflow import REPO, base_config, jobs_run, run_snakemake, write_config
+from tests.helpers.workflow import REPO, base_config, dry_run_jobs, jobs_run, run_snakemake, write_config
 
 SCHEMA = load_schema(REPO / "schemas" / "config.schema.yaml")
 
@@ -159,14 +159,6 @@ def test_a_dry_run_says_what_the_run_needs(tmp_path):
     assert f"{needed / 2**30:.2f} GiB more" in summary
     assert "RAM disk: " in summary and "GPU: " in summary
     assert "time asked of a scheduler: 12.0 h for 4 training block(s)" in summary  # 4 x (30 + 15 x 10) min
-
-
-def dry_run_jobs(output: str) -> dict[str, int]:
-    """The jobs of a dry run by rule, from its 'Job stats' table ('all' and the total left out)."""
-    table = output[output.index("Job stats:") :].split("\n\n")[0]
-    return {
-        rule: int(count) for rule, count in re.findall(r"^(\w+)\s+(\d+)$", table, re.M) if rule not in ("all", "total")
-    }
 
 
 def test_no_export_formats_leave_out_the_export_stage_and_nothing_else(tmp_path):

@@ -7,7 +7,6 @@ README.md's fault table names the test behind each row."""
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import signal
 import socket
@@ -21,6 +20,7 @@ from tests.helpers.archive_server import ArchiveServer
 from tests.helpers.tiny_coco import make_archives, md5
 from tests.helpers.workflow import (
     REPO,
+    dry_run_jobs,
     jobs_run,
     kill_group,
     run_snakemake,
@@ -327,13 +327,7 @@ def test_sigterm_of_a_training_job_stops_it_with_the_last_completed_epoch_saved(
     # after a lost node, shown by test_sigkill_of_snakemake_mid_training_resumes_from_the_last_epoch.
     planned = run_snakemake(workdir, "--dry-run", BLOCK)
     assert planned.returncode == 0, planned.stdout[-3000:]
-    assert planned_rules(planned.stdout) == ["train_block"]
-
-
-def planned_rules(dry_run_output: str) -> list[str]:
-    """The rules of a dry run's job table (its 'rule  count' rows), 'total' left out."""
-    table = dry_run_output.split("Job stats:")[1].split("Reasons:")[0]
-    return sorted(name for name in re.findall(r"^(\w+)\s+\d+$", table, re.M) if name != "total")
+    assert dry_run_jobs(planned.stdout) == {"train_block": 1}
 
 
 def test_a_second_invocation_in_the_same_folder_is_refused_while_the_first_runs(workdir, server):

@@ -91,6 +91,14 @@ def jobs_run(output: str) -> list[str]:
     return [name for name in re.findall(r"Finished jobid: \d+ \(Rule: (\w+)\)", output) if name != "all"]
 
 
+def dry_run_jobs(output: str) -> dict[str, int]:
+    """The jobs of a dry run by rule, from its 'Job stats' table ('all' and the total left out)."""
+    table = output[output.index("Job stats:") :].split("\n\n")[0]
+    return {
+        rule: int(count) for rule, count in re.findall(r"^(\w+)\s+(\d+)$", table, re.M) if rule not in ("all", "total")
+    }
+
+
 def start_snakemake(workdir: Path, *args: str, name: str = "background") -> subprocess.Popen[str]:
     """Start snakemake in its own process group (so a test can kill it and its jobs, like a lost node);
     its output goes to <workdir>/<name>.out."""
