@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +13,11 @@ import pytest
 from tests.helpers.archive_server import ArchiveServer
 from tests.helpers.tiny_coco import make_archives, make_dataset
 from tests.helpers.workflow import tiny_config, write_config
+
+# Two xdist workers each run a workflow whose training takes every core: torch's OpenMP threads then busy-wait on
+# cores the other worker's threads need. Passive waiting (inherited by snakemake, its jobs and SLURM's) about halves
+# the time of two workflow tests run side by side (CHANGELOG); set OMP_WAIT_POLICY yourself to override it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # The files that run the workflow, longest first (about 6, 3.5 and 3 minutes alone on 2 cores): with the two
 # pytest-xdist workers of pyproject.toml, each taking whole files in this order, they start at once and the short
