@@ -1,7 +1,7 @@
 """Where the train stage's validation spends its time, phase by phase, on the GPU it runs on.
 
 usage: python -m bench.validation --dataset DIR --out FILE.json [--epochs 3] [--speedups all|none|NAME,...|all,-NAME]
-           [--workers 16] [--profile auto|NAME] [--eager] [--state DIR] [--whole]
+           [--workers 16] [--profile auto|NAME] [--eager] [--state DIR] [--whole] [--eval-batch N] [--trace FILE]
 
 Trains `--epochs` epochs through the train stage's own rfdetr call (`pipeline.rfdetr_call.run_rfdetr`: config.yaml's
 recipe and GPU profile, the selected speedups), so validation runs exactly as in a workflow run. Use a set with few
@@ -20,6 +20,8 @@ The waits add a little time that a normal run overlaps, so the sum is an upper b
 stage's own figure is `val_seconds` in its `epochs.jsonl`. `--whole` waits for the GPU only at each validation's
 start and end: its phases stay 0 and `seconds` is what a run without the clocks takes (the waits at the phases'
 edges keep the GPU from running ahead of the host, which a normal run allows).
+`--trace FILE` runs the second validation under torch.profiler and writes its trace to FILE (`.trace.json.gz`;
+read it with `python -m bench.trace_ops FILE --steps 1`: GPU busy, host operations, GPU idle stretches).
 Writes one record per validation to `--out` and prints them.
 """
 
@@ -125,15 +127,51 @@ def phase_clocks(record: PhaseRecord) -> tuple[Any, Any]:
     return First(), Last()
 
 
+def validation_profiler(trace: Path, validation: int = 1) -> Any:
+    """A callback that runs validation number `validation` (0: the first after the sanity check) under
+    torch.profiler and writes its chrome trace to `trace`."""
+    import pytorch_lightning as pl
+    import torch
+
+    class ProfileOneValidation(pl.Callback):
+        def __init__(self) -> None:
+            self.seen = 0
+            self.profiler: Any = None
+
+        def on_validation_epoch_start(self, trainer: Any, module: Any) -> None:
+            if trainer.sanity_checking:
+                return
+            if self.seen == validation:
+                activities = [torch.profiler.ProfilerActivity.CPU]
+                if torch.cuda.is_available():
+                    activities.append(torch.profiler.ProfilerActivity.CUDA)
+                self.profiler = torch.profiler.profile(activities=activities)
+                self.profiler.start()
+            self.seen += 1
+
+        def on_validation_end(self, trainer: Any, module: Any) -> None:
+            if self.profiler is not None:
+                if torch.cuda.is_available():
+                    torch.cuda.synchronize()
+                self.profiler.stop()
+                self.profiler.export_chrome_trace(str(trace))
+                log.info("validation trace: %s", trace)
+                self.profiler = None
+
+    return ProfileOneValidation()
+
+
 @contextmanager
-def clocked_trainer(record: PhaseRecord) -> Iterator[None]:
-    """Every Trainer rfdetr builds in this block gets the phase clocks first and last in its callback list."""
+def clocked_trainer(record: PhaseRecord, trace: Path | None = None) -> Iterator[None]:
+    """Every Trainer rfdetr builds in this block gets the phase clocks first and last in its callback list (and,
+    with `trace`, the profiler of one validation right after the first clock)."""
     first, last = phase_clocks(record)
+    extra = [validation_profiler(trace)] if trace else []
 
     def wrap(original: Any) -> Any:
         def build_trainer(*args: Any, **kwargs: Any) -> Any:
             trainer = original(*args, **kwargs)
-            trainer.callbacks.insert(0, first)
+            trainer.callbacks[0:0] = [first, *extra]
             trainer.callbacks.append(last)
             return trainer
 
@@ -159,6 +197,8 @@ def main() -> None:
     parser.add_argument("--eager", action="store_true", help="the profile without compile and CUDA graphs")
     parser.add_argument("--state", type=Path, help="rfdetr's output folder (default: beside --out)")
     parser.add_argument("--whole", action="store_true", help="time each validation as a whole, no phase clocks")
+    parser.add_argument("--eval-batch", type=int, help="the validation batch (default: the train stage's choice)")
+    parser.add_argument("--trace", type=Path, help="profile the second validation, its trace to this .json.gz")
     args = parser.parse_args()
 
     settings = yaml.safe_load(Path("config.yaml").read_text())
@@ -174,11 +214,22 @@ def main() -> None:
     state_dir.mkdir(parents=True, exist_ok=True)
     configure_compile_cache(state_dir)
     kwargs = train_kwargs(recipe, str(args.dataset), state_dir, args.workers, device, ["csv"])
+    if args.eval_batch:
+        kwargs["eval_batch_size"] = args.eval_batch
+        log.info("Validation batch: %d images (--eval-batch)", args.eval_batch)
     log.info("GPU profile %s (%s); speedups: %s", profile["name"], route.reason, ", ".join(speedups.names()) or "none")
     record = PhaseRecord(phases=not args.whole)
-    with clocked_trainer(record):
+    with clocked_trainer(record, args.trace):
         run_rfdetr(recipe, route, kwargs, args.epochs, train)
-    write_json(args.out, {"profile": profile, "speedups": speedups.names(), "validations": record.records})
+    write_json(
+        args.out,
+        {
+            "profile": profile,
+            "speedups": speedups.names(),
+            "eval_batch_size": kwargs["eval_batch_size"],
+            "validations": record.records,
+        },
+    )
     for row in record.records:
         print(json.dumps(row))
 
