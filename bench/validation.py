@@ -129,7 +129,8 @@ def phase_clocks(record: PhaseRecord) -> tuple[Any, Any]:
 
 def validation_profiler(trace: Path, validation: int = 1) -> Any:
     """A callback that runs validation number `validation` (0: the first after the sanity check) under
-    torch.profiler and writes its chrome trace to `trace`."""
+    torch.profiler and writes its chrome trace to `trace` (gzipped when it ends in .gz). Shown by
+    `tests/test_bench.py::test_the_validation_profiler_traces_only_the_second_validation`."""
     import pytorch_lightning as pl
     import torch
 

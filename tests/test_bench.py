@@ -329,3 +329,44 @@ def test_a_validation_timed_whole_keeps_its_phases_at_zero_and_counts_its_images
             assert all(done[phase] == 0.0 for phase in PHASES)
         else:  # the phases add up to the whole (each is rounded to the millisecond)
             assert abs(sum(done[phase] for phase in PHASES) - done["seconds"]) <= 0.005
+
+
+def test_the_validation_profiler_traces_only_the_second_validation(tmp_path):
+    """`bench.validation --trace`: the trace holds the operations of one validation, the second, and none of the
+    training steps or of the other validations."""
+    import gzip
+
+    import pytorch_lightning as pl
+    import torch
+
+    from bench.validation import validation_profiler
+    from tests.helpers.lightning_trainer import small_trainer
+
+    class Model(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, batch_idx):
+            with torch.profiler.record_function("training_step_marker"):
+                return self.layer(batch[0]).sum()
+
+        def validation_step(self, batch, batch_idx) -> None:
+            with torch.profiler.record_function(f"validation_of_epoch_{self.current_epoch}"):
+                self.layer(batch[0])
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+        def train_dataloader(self):
+            return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(8, 4)), batch_size=4)
+
+        def val_dataloader(self):
+            return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(6, 4)), batch_size=2)
+
+    trace = tmp_path / "validation.trace.json.gz"
+    small_trainer(tmp_path, [validation_profiler(trace)], 3).fit(Model())
+    with gzip.open(trace, "rt") as handle:
+        names = {event.get("name") for event in json.load(handle)["traceEvents"]}
+    assert "validation_of_epoch_1" in names
+    assert not names & {"validation_of_epoch_0", "validation_of_epoch_2", "training_step_marker"}
