@@ -192,18 +192,6 @@ SPEEDUPS: tuple[Speedup, ...] = (
         gpu_only=True,
     ),
     _patch(
-        "metrics_one_batch_behind",
-        (
-            "rfdetr.training.callbacks.coco_eval:COCOEvalCallback.on_validation_batch_end",
-            "rfdetr.training.callbacks.coco_eval:COCOEvalCallback.on_validation_epoch_end",
-            "rfdetr.training.callbacks.coco_eval:COCOEvalCallback.on_validation_epoch_start",
-        ),
-        "validation's metric work on the host runs one batch behind, while the GPU runs the next forward pass",
-        "tests/test_metrics_one_batch_behind.py::"
-        "test_rfdetrs_callback_sees_every_batch_one_forward_pass_later_and_gives_the_same_metrics",
-        gpu_only=True,  # on the CPU the forward pass and the metric work share the same cores: nothing to overlap
-    ),
-    _patch(
         "evaluation_on_every_core",
         ("rfdetr.training.coco_map:_vernier_thread_budget",),
         "the COCO evaluation at each validation's end runs on every core of the rank, not on torch's one thread",
@@ -216,13 +204,6 @@ SPEEDUPS: tuple[Speedup, ...] = (
         "validation runs the model uncompiled: no eval-graph compile at each job's first validation",
         "tests/test_eager_validation.py::test_validation_runs_the_compiled_models_module_without_compiling_it",
         gpu_only=True,  # rfdetr compiles only on CUDA: on the CPU there is no wrapper to look through
-    ),
-    _patch(
-        "validation_cuda_graphs",
-        ("rfdetr.training.module_model:RFDETRModelModule._resolve_eval_model",),
-        "validation's forward passes replay a CUDA graph recorded once per batch shape, not launched kernel by kernel",
-        "tests/test_validation_cuda_graphs.py::test_on_the_gpu_replays_equal_the_uncompiled_forward_and_follow_the_weights",
-        gpu_only=True,  # CUDA graphs: a CPU batch runs the model as rfdetr does
     ),
     _callback(
         "static_cuda_graphs",

@@ -61,8 +61,6 @@ def test_the_h200_row_as_a_user_gets_it_captures_and_replays_cuda_graphs(workdir
         assert "static_cuda_graphs" in run["speedups"] and not run["speedups_left_off"]
         log = (workdir / "results" / "logs" / "train" / f"{block}.log").read_text()
         assert "CUDA graphs: compiled for one fixed input shape, CUDA graph replay on" in log
-        # validation's forward passes replay their own graph (the validation_cuda_graphs speedup)
-        assert "Validation CUDA graphs: captured the forward pass" in log and "capture failed" not in log
         # every process (each block is one) captures its graphs, then replays them step after step
         captured, replayed = map(
             int, re.findall(r"CUDA graphs after epoch \d+: (\d+) captured, (\d+) replays", log)[-1]

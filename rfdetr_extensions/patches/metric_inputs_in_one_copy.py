@@ -32,45 +32,22 @@ from rfdetr_extensions.patching import patch_rfdetr
 CALLBACK = "rfdetr.training.callbacks.coco_eval:COCOEvalCallback"
 
 
-class HostCopy:
-    """Copies of `items` (dicts of tensors) on their way to the host: one copy per (device, dtype), started without
-    waiting. `result()` waits for them and gives the items with every tensor on the CPU, views of those copies."""
-
-    def __init__(self, items: list[dict[str, Any]]) -> None:
-        import torch
-
-        groups: dict[tuple[Any, Any], list[tuple[int, str, Any]]] = defaultdict(list)
-        for index, item in enumerate(items):
-            for key, value in item.items():
-                if isinstance(value, torch.Tensor) and value.device.type != "cpu":
-                    groups[(value.device, value.dtype)].append((index, key, value))
-        self.items = items
-        self.copies: list[tuple[list[tuple[int, str, Any]], Any, Any]] = []
-        self.done: list[Any] = []
-        for (device, dtype), entries in groups.items():
-            flat = torch.cat([value.detach().reshape(-1) for _, _, value in entries])
-            on_gpu = device.type == "cuda"
-            host = torch.empty(flat.shape, dtype=dtype, pin_memory=on_gpu)
-            host.copy_(flat, non_blocking=on_gpu)  # from pinned memory: queued behind the work that makes `flat`
-            if on_gpu:
-                self.done.append(torch.cuda.Event())
-                self.done[-1].record(torch.cuda.current_stream(device))
-            self.copies.append((entries, host, flat))
-
-    def result(self) -> list[dict[str, Any]]:
-        for event in self.done:
-            event.synchronize()
-        moved = [dict(item) for item in self.items]
-        for entries, host, _ in self.copies:
-            pieces = host.split([value.numel() for _, _, value in entries])
-            for (index, key, value), piece in zip(entries, pieces, strict=True):
-                moved[index][key] = piece.view(value.shape)
-        return moved
-
-
 def to_host_in_one_copy(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """`items` (dicts of tensors) with every tensor on the CPU: one copy per (device, dtype), views of it after."""
-    return HostCopy(items).result()
+    import torch
+
+    groups: dict[tuple[Any, Any], list[tuple[int, str, Any]]] = defaultdict(list)
+    for index, item in enumerate(items):
+        for key, value in item.items():
+            if isinstance(value, torch.Tensor) and value.device.type != "cpu":
+                groups[(value.device, value.dtype)].append((index, key, value))
+    moved = [dict(item) for item in items]
+    for entries in groups.values():
+        flat = torch.cat([value.detach().reshape(-1) for _, _, value in entries]).cpu()
+        pieces = flat.split([value.numel() for _, _, value in entries])
+        for (index, key, value), piece in zip(entries, pieces, strict=True):
+            moved[index][key] = piece.view(value.shape)
+    return moved
 
 
 def has_masks(items: list[dict[str, Any]]) -> bool:
