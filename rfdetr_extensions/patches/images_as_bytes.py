@@ -12,7 +12,8 @@ there on the whole batch (torchvision's `to_dtype_image`, then the subtraction a
 mean and std sent to the GPU once). Two registry entries use it: `images_as_bytes` for the training set and
 `validation_images_as_bytes` for the validation set; applied together they share one conversion on the GPU.
 Guarantees: the floats are rfdetr's bit for bit, and padding, which rfdetr adds after normalising, is zero again;
-the other image sets keep rfdetr's pipeline; pipelines that do not end in `ToDtype` + `Normalize` (rfdetr's Kornia
+the batch keeps rfdetr's `no_padding` flag (with it rfdetr's model uses constant padding masks and, in validation,
+cached position encodings); the other image sets keep rfdetr's pipeline; pipelines that do not end in `ToDtype` + `Normalize` (rfdetr's Kornia
 GPU augmentation) are left as they are. Shown by `tests/test_images_as_bytes.py` (on the GPU too: `pytest -m gpu`).
 """
 
@@ -102,7 +103,8 @@ class DeviceNormalize:
         if samples.mask is not None:
             # rfdetr pads after normalising, with zeros: padding converted from zero bytes is not zero.
             floats.masked_fill_(samples.mask.unsqueeze(1), 0.0)
-        return NestedTensor(floats, samples.mask)
+        # rfdetr's claim that no image is padded travels on: its model then skips the padding mask's work
+        return NestedTensor(floats, samples.mask, samples.no_padding)
 
 
 HOOK = "rfdetr.training.module_data:RFDETRDataModule"
