@@ -8,7 +8,8 @@
 #                bench/gpu_run.sh route
 #        levers: VARIANT='<a gpu_profiles row as JSON>' [TRAIN='<train settings as JSON>'] NAME=<name> [EPOCHS=3] [LOADER_WORKERS='16 32']
 #                [SPLIT_CPUS=1: half the CPUs each] bench/gpu_run.sh levers
-#        validation: [RUNS='name|bench.validation args;...'] [EPOCHS=2] bench/gpu_run.sh validation  (loader alone first)
+#        validation: [RUNS='name|bench.validation args;...'] [EPOCHS=2] bench/gpu_run.sh validation  (loader alone first: a
+#                training wave and a whole validation pass; LOADER_WORKERS=0 skips both)
 #        noise:  [EPOCHS=3] [SPLIT_CPUS=1] bench/gpu_run.sh noise   (the stock recipe twice, at once: its run-to-run noise)
 #        (two GPUs)
 # Needs the wheelhouse in .whl (../shared/gpu/wheelhouse.sh -d .whl) unless rfdetr and snakemake already import (after
@@ -101,6 +102,8 @@ case $phase in
             # each run's log goes straight to $OUT, so what ran comes back even when the call's time runs out
             workers=${LOADER_WORKERS:-16}
             [ "$workers" = 0 ] || python3 -m bench.loader --dataset "$DATA" --workers "$workers" --waves 2 > "$OUT/loader.json" 2> "$OUT/loader.log" || true
+            # the validation set's whole pass, uint8 as the train stage sends it: the least time a validation can take
+            [ "$workers" = 0 ] || python3 -m bench.loader --dataset "$DATA" --split val --workers "$workers" --images-as-bytes > "$OUT/loader-val.json" 2>> "$OUT/loader.log" || true
             export TORCHINDUCTOR_CACHE_DIR=/tmp/compile-cache/inductor TRITON_CACHE_DIR=/tmp/compile-cache/triton
             nvidia-smi dmon -s u -d 1 > "$OUT/dmon-validation.txt" 2>&1 & dmon=$!
             IFS=';' read -ra runs <<< "${RUNS:-before|--speedups all}"

@@ -2,6 +2,9 @@
 
 usage: python -m bench.loader --dataset DIR [--batch 128] [--workers 16] [--waves 3] [--prefetch 2] [--images-as-bytes]
        python -m bench.loader --dataset DIR --one-process [--images-as-bytes]   (ms per image, no workers)
+       python -m bench.loader --dataset DIR --split val [--batch 125] [--workers 16] [--images-as-bytes]
+           (a whole pass over the validation set from a fresh loader, as a validation without
+           validation_loader_ahead starts it: the least time the loader lets a validation take)
 
 Builds the training DataLoader exactly as rfdetr 1.11.2's `train()` does for the workflow's recipe (COCO layout,
 384 px, square resize, no multi-scale) and times whole batches after a warm-up, pinned memory included. If this
@@ -19,10 +22,18 @@ from typing import Any
 
 from pipeline.common import run_main
 from rfdetr_extensions.patches.images_as_bytes import images_as_bytes
+from rfdetr_extensions.patches.validation_images_as_bytes import validation_images_as_bytes
 
 
-def training_data(dataset: str, batch: int, workers: int, prefetch: int | None = None, resolution: int = 384) -> Any:
-    """rfdetr's data module for the workflow's recipe, set up for training."""
+def training_data(
+    dataset: str,
+    batch: int,
+    workers: int,
+    prefetch: int | None = None,
+    resolution: int = 384,
+    eval_batch: int | None = None,
+) -> Any:
+    """rfdetr's data module for the workflow's recipe, set up for training (and its validation)."""
     from rfdetr.config import RFDETRNanoConfig, TrainConfig
     from rfdetr.training.module_data import RFDETRDataModule
 
@@ -37,6 +48,7 @@ def training_data(dataset: str, batch: int, workers: int, prefetch: int | None =
         multi_scale=False,
         square_resize_div_64=True,
         tensorboard=False,
+        eval_batch_size=eval_batch,
     )
     data = RFDETRDataModule(model_config, train_config)
     data.setup("fit")
@@ -81,10 +93,34 @@ def loader_images_per_second(
     }
 
 
+def validation_pass(dataset: str, batch: int, workers: int, prefetch: int | None = None) -> dict[str, float]:
+    """Seconds for rfdetr's validation DataLoader to deliver every batch of the validation set, from a fresh
+    iterator (its workers start with it), and the images/s that makes."""
+    data = training_data(dataset, 128, workers, prefetch, eval_batch=batch)
+    started = time.perf_counter()
+    first, images, dtypes = 0.0, 0, set()
+    for samples, _targets in data.val_dataloader():
+        first = first or time.perf_counter() - started
+        images += samples.tensors.shape[0]
+        dtypes.add(str(samples.tensors.dtype))
+    seconds = time.perf_counter() - started
+    return {
+        "split": "val",
+        "workers": workers,
+        "batch": batch,
+        "images": images,
+        "image_dtype": ", ".join(sorted(dtypes)),
+        "first_batch_seconds": round(first, 2),
+        "seconds": round(seconds, 2),
+        "images_per_second": round(images / seconds, 1),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", required=True)
-    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--batch", type=int, help="default: 128 (train), 125 (val: the train stage's validation batch)")
+    parser.add_argument("--split", choices=("train", "val"), default="train")
     parser.add_argument("--workers", type=int, default=16)
     parser.add_argument("--waves", type=int, default=3, help="batches measured: workers x waves")
     parser.add_argument("--prefetch", type=int)
@@ -93,11 +129,15 @@ def main() -> None:
     )
     parser.add_argument("--one-process", action="store_true", help="milliseconds per image, without workers")
     args = parser.parse_args()
-    with images_as_bytes() if args.images_as_bytes else contextlib.nullcontext():
-        if args.one_process:
+    as_bytes = validation_images_as_bytes if args.split == "val" else images_as_bytes
+    with as_bytes() if args.images_as_bytes else contextlib.nullcontext():
+        if args.split == "val":
+            result = validation_pass(args.dataset, args.batch or 125, args.workers, args.prefetch)
+        elif args.one_process:
             result = milliseconds_per_image(args.dataset)
         else:
-            result = loader_images_per_second(args.dataset, args.batch, args.workers, args.waves, args.prefetch)
+            batch = args.batch or 128
+            result = loader_images_per_second(args.dataset, batch, args.workers, args.waves, args.prefetch)
     print(json.dumps({**result, "images_as_bytes": args.images_as_bytes, "cpus": len(os.sched_getaffinity(0))}))
 
 
