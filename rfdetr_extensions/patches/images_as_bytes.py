@@ -13,8 +13,9 @@ mean and std sent to the GPU once). Two registry entries use it: `images_as_byte
 `validation_images_as_bytes` for the validation set; applied together they share one conversion on the GPU.
 Guarantees: the floats are rfdetr's bit for bit, and padding, which rfdetr adds after normalising, is zero again;
 the batch keeps rfdetr's `no_padding` flag (with it rfdetr's model uses constant padding masks and, in validation,
-cached position encodings); the other image sets keep rfdetr's pipeline; pipelines that do not end in `ToDtype` + `Normalize` (rfdetr's Kornia
-GPU augmentation) are left as they are. Shown by `tests/test_images_as_bytes.py` (on the GPU too: `pytest -m gpu`).
+cached position encodings); the other image sets keep rfdetr's pipeline; pipelines that do not end in `ToDtype` +
+`Normalize` (rfdetr's Kornia GPU augmentation) are left as they are. Shown by `tests/test_images_as_bytes.py` (on
+the GPU too: `pytest -m gpu`).
 """
 
 from __future__ import annotations
