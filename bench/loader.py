@@ -110,8 +110,8 @@ def validation_pass(dataset: str, batch: int, workers: int, prefetch: int | None
         "batch": batch,
         "images": images,
         "image_dtype": ", ".join(sorted(dtypes)),
-        "first_batch_seconds": round(first, 2),
-        "seconds": round(seconds, 2),
+        "first_batch_seconds": round(first, 3),
+        "seconds": round(seconds, 3),
         "images_per_second": round(images / seconds, 1),
     }
 
