@@ -1,4 +1,4 @@
-"""How many training images per second rfdetr's own data loader delivers, with no model behind it.
+"""How many images per second rfdetr's own data loader delivers (training, or a validation pass), with no model.
 
 usage: python -m bench.loader --dataset DIR [--batch 128] [--workers 16] [--waves 3] [--prefetch 2] [--images-as-bytes]
        python -m bench.loader --dataset DIR --one-process [--images-as-bytes]   (ms per image, no workers)
