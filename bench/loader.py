@@ -25,7 +25,7 @@ from rfdetr_extensions.patches.images_as_bytes import images_as_bytes
 from rfdetr_extensions.patches.validation_images_as_bytes import validation_images_as_bytes
 
 
-def training_data(
+def recipe_data(
     dataset: str,
     batch: int,
     workers: int,
@@ -57,7 +57,7 @@ def training_data(
 
 def milliseconds_per_image(dataset: str, images: int = 200) -> dict[str, float]:
     """One process, no workers: the milliseconds one training image takes to read, decode and augment."""
-    samples = training_data(dataset, 1, 0).train_dataloader().dataset
+    samples = recipe_data(dataset, 1, 0).train_dataloader().dataset
     for index in range(10):  # warm-up: imports, first allocations
         samples[index]
     started = time.perf_counter()
@@ -71,7 +71,7 @@ def loader_images_per_second(
 ) -> dict[str, float]:
     """Images/s of rfdetr's training DataLoader once all its workers are busy (the set must hold
     `workers * (waves + 1)` batches)."""
-    data = training_data(dataset, batch, workers, prefetch, resolution)
+    data = recipe_data(dataset, batch, workers, prefetch, resolution)
     # Every worker builds whole batches, so batches arrive in waves of `workers`: time from the end of the first
     # wave, when every worker is busy, over whole further waves.
     batches_seen, images, started = 0, 0, 0.0
@@ -96,7 +96,7 @@ def loader_images_per_second(
 def validation_pass(dataset: str, batch: int, workers: int, prefetch: int | None = None) -> dict[str, float]:
     """Seconds for rfdetr's validation DataLoader to deliver every batch of the validation set, from a fresh
     iterator (its workers start with it), and the images/s that makes."""
-    data = training_data(dataset, 128, workers, prefetch, eval_batch=batch)
+    data = recipe_data(dataset, 128, workers, prefetch, eval_batch=batch)
     started = time.perf_counter()
     first, images, dtypes = 0.0, 0, set()
     for samples, _targets in data.val_dataloader():
