@@ -45,8 +45,10 @@ def test_one_copy_per_field_gives_rfdetrs_targets():
     assert_same_targets(extension.split_after_one_copy(packed, "cpu"), packed.to_list("cpu"), "cpu")
 
 
-def test_a_write_to_one_images_targets_leaves_the_others_alone():
+def test_a_write_to_one_images_targets_leaves_the_others_and_the_packed_source_alone():
+    """Also when the packed targets are on the destination already (validation_batches_on_device keeps them there)."""
     packed = packed_batch()
+    source = {key: flat.clone() for key, flat in packed.fields.items()}
     targets = extension.split_after_one_copy(packed, "cpu")
     before = [t["boxes"].clone() for t in targets]
     targets[0]["boxes"].mul_(0)
@@ -54,6 +56,7 @@ def test_a_write_to_one_images_targets_leaves_the_others_alone():
     assert torch.equal(targets[0]["boxes"], torch.zeros_like(before[0]))
     assert all(torch.equal(t["boxes"], b) for t, b in zip(targets[1:], before[1:], strict=True))
     assert targets[3]["labels"].tolist() == packed.to_list("cpu")[3]["labels"].tolist()
+    assert all(torch.equal(packed.fields[key], flat) for key, flat in source.items())
 
 
 def test_the_extension_keeps_rfdetrs_code_for_a_cpu_destination_and_restores_it():

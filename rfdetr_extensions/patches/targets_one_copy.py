@@ -6,8 +6,9 @@ every field to the GPU on its own: about 770 host-to-device copies per step at b
 launched by the host while the GPU waits for the step's forward pass.
 
 Here each field is copied once and each image gets a view of its part. Guarantees: values, dtypes, shapes and
-devices are those of rfdetr's copies; the images' tensors are disjoint slices, so an in-place write to one image's
-tensor cannot change another's (what rfdetr's separate copies guarantee); a CPU destination keeps rfdetr's code.
+devices are those of rfdetr's copies; the images' tensors are disjoint slices of a fresh copy, also when the packed
+targets are on the device already, so an in-place write to one image's tensor changes neither another's nor the
+packed source (what rfdetr's separate copies guarantee); a CPU destination keeps rfdetr's code.
 Shown by `tests/test_targets_one_copy.py` (on the GPU too: `pytest -m gpu`).
 """
 
@@ -27,7 +28,9 @@ def split_after_one_copy(packed: Any, device: Any, non_blocking: bool = False) -
     targets: list[dict[str, Any]] = [{} for _ in range(len(packed))]
     for key, flat in packed.fields.items():
         shapes = packed._shapes[key]  # per image; plain ints, no tensor
-        pieces = flat.to(device, non_blocking=non_blocking).split([math.prod(shape) for shape in shapes])
+        # copy=True: packed targets already on the device (validation_batches_on_device) still give fresh tensors
+        copied = flat.to(device, non_blocking=non_blocking, copy=True)
+        pieces = copied.split([math.prod(shape) for shape in shapes])
         for target, piece, shape in zip(targets, pieces, shapes, strict=True):
             target[key] = piece.view(shape)
     return targets
