@@ -111,7 +111,7 @@ case $phase in
               name=${run%%|*}; args=${run#*|}
               { CUDA_VISIBLE_DEVICES=0 TORCH_LOGS=recompiles timeout -k 30 "${LIMIT:-420}" python3 -m bench.validation --dataset "$DATA" \
                   --out "$OUT/validation-$name.json" --state "/tmp/v-$name" --epochs "${EPOCHS:-2}" $args 2>&1 || echo "$name failed: $?"; } \
-                | grep --line-buffered -v "it/s" > "$OUT/validation-$name.log"
+                | stdbuf -oL tr "\r" "\n" | grep --line-buffered -v "it/s" > "$OUT/validation-$name.log"
             done
             kill $dmon || true
             exit 0 ;;
