@@ -119,7 +119,7 @@ def test_a_validation_cut_short_keeps_nothing(tmp_path):
     assert not callback.keepers[0].complete
 
 
-def test_a_loader_without_persistent_workers_is_left_alone(tmp_path):
+def test_a_loader_without_persistent_workers_is_left_alone_and_the_log_says_so_once(tmp_path, caplog):
     import pytorch_lightning as pl
 
     class Model(pl.LightningModule):
@@ -143,8 +143,10 @@ def test_a_loader_without_persistent_workers_is_left_alone(tmp_path):
             return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.rand(4, 4)), batch_size=2)
 
     callback = ValidationBatchesOnDevice()
-    small_trainer(tmp_path, [callback], 2).fit(Model())
+    with caplog.at_level("INFO"):
+        small_trainer(tmp_path, [callback], 2).fit(Model())
     assert callback.keepers == []
+    assert caplog.text.count("Validation batches not kept: the validation loader's workers do not persist") == 1
 
 
 def rfdetr_validation_batches(tmp_path: Path, dataset: Path, speedups: list[str], accelerator: str) -> tuple:

@@ -166,6 +166,7 @@ class ValidationBatchesOnDevice(pl.Callback):
 
     def __init__(self) -> None:
         self.keepers: list[KeptBatches] = []
+        self.left_alone: set[int] = set()  # ids of the loaders without persistent workers, said once
 
     def on_train_epoch_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
         # Before the epoch's validation asks for its iterator, which Lightning's validation loop does before any
@@ -185,7 +186,9 @@ class ValidationBatchesOnDevice(pl.Callback):
             if loader is None or isinstance(getattr(loader, "_iterator", None), KeptBatches):
                 continue
             if not (getattr(loader, "persistent_workers", False) and getattr(loader, "num_workers", 0) > 0):
-                log.info("Validation batches not kept: the validation loader's workers do not persist")
+                if id(loader) not in self.left_alone:
+                    self.left_alone.add(id(loader))
+                    log.info("Validation batches not kept: the validation loader's workers do not persist")
                 continue
             if not hasattr(loader, "_get_iterator"):
                 raise RuntimeError(
