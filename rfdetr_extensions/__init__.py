@@ -235,14 +235,6 @@ SPEEDUPS: tuple[Speedup, ...] = (
         "tests/test_validation_loader_ahead.py::"
         "test_the_validation_batches_are_on_their_way_before_validation_starts_and_are_the_same",
     ),
-    _callback(
-        "validation_batches_on_device",
-        "ValidationBatchesOnDevice",
-        "where later validations get their batches: kept on the training device by the first, not decoded again",
-        "after a job's first validation its batches stay on the GPU; later ones skip the loader's image decoding",
-        "tests/test_validation_batches_on_device.py::"
-        "test_later_validations_replay_the_first_ones_batches_without_the_loaders_workers",
-    ),
 )
 NAMES: tuple[str, ...] = tuple(speedup.name for speedup in SPEEDUPS)
 SETTINGS = ("auto", "all", "none")  # train.speedups: one of these, or a list of NAMES

@@ -27,14 +27,11 @@ log = logging.getLogger(__name__)
 
 def start_next_epoch(loader: Any, epoch: int) -> bool:
     """Reset `loader`'s persistent iterator for `epoch` now; its next `iter()` returns it without a second reset.
-    False (nothing done) for a loader without persistent workers, whose iterator is made anew each epoch, and for
-    one whose batches `validation_batches_on_device` replays."""
+    False (nothing done) for a loader without persistent workers, whose iterator is made anew each epoch."""
     from lightning_fabric.utilities.data import _set_sampler_epoch
 
     if not (getattr(loader, "persistent_workers", False) and getattr(loader, "num_workers", 0) > 0):
         return False
-    if getattr(getattr(loader, "_iterator", None), "complete", False):
-        return False  # its batches are replayed from the device (validation_batches_on_device): no worker to start
     _set_sampler_epoch(loader, epoch)  # what Lightning's fit loop does at the epoch's start (DDP's shuffle)
     iterator = iter(loader)  # DataLoader.__iter__: the persistent iterator, reset and primed
     if getattr(loader, "_iterator", None) is not iterator or not hasattr(iterator, "_reset"):

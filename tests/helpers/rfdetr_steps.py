@@ -46,9 +46,8 @@ def decoder_step(device: str, batch: int, tmp_path, resolution: int = 128):
     return criterion, outputs, targets
 
 
-def rfdetr_datamodule(dataset, batch_size: int = 4, num_workers: int = 0):
-    """rfdetr's own data module, with the workflow's fixed-resolution recipe settings (with workers, rfdetr's
-    default keeps them between epochs)."""
+def rfdetr_datamodule(dataset, batch_size: int = 4):
+    """rfdetr's own data module, with the workflow's fixed-resolution recipe settings."""
     from rfdetr.config import RFDETRNanoConfig, TrainConfig
     from rfdetr.training.module_data import RFDETRDataModule
 
@@ -56,7 +55,7 @@ def rfdetr_datamodule(dataset, batch_size: int = 4, num_workers: int = 0):
         dataset_file="coco",
         dataset_dir=str(dataset),
         batch_size=batch_size,
-        num_workers=num_workers,
+        num_workers=0,
         multi_scale=False,
         square_resize_div_64=True,
     )
