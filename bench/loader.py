@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import json
 import os
+import sys
 import time
 from typing import Any
 
@@ -130,7 +131,8 @@ def main() -> None:
     parser.add_argument("--one-process", action="store_true", help="milliseconds per image, without workers")
     args = parser.parse_args()
     as_bytes = validation_images_as_bytes if args.split == "val" else images_as_bytes
-    with as_bytes() if args.images_as_bytes else contextlib.nullcontext():
+    # rfdetr's and pycocotools' messages go to stderr, so that stdout is the JSON result alone
+    with contextlib.redirect_stdout(sys.stderr), as_bytes() if args.images_as_bytes else contextlib.nullcontext():
         if args.split == "val":
             result = validation_pass(args.dataset, args.batch or 125, args.workers, args.prefetch)
         elif args.one_process:

@@ -382,7 +382,7 @@ def test_the_validation_loader_pass_delivers_every_validation_image_as_the_train
         args = ["bench.loader", "--dataset", str(tiny_dataset), "--split", "val", "--workers", "0", "--batch", "3"]
         monkeypatch.setattr(sys, "argv", args + (["--images-as-bytes"] if as_bytes else []))
         main()
-        passes[as_bytes] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        passes[as_bytes] = json.loads(capsys.readouterr().out)  # stdout is the result alone: `> FILE.json` works
     val_images = len(json.loads((tiny_dataset / "annotations" / "instances_val2017.json").read_text())["images"])
     for result in passes.values():
         # every image once, in batches of 3 (the last one smaller), from a fresh loader
