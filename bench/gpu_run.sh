@@ -33,6 +33,11 @@ fi
 { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; nproc
   python3 -c 'import torch, importlib.metadata as m; print("torch", torch.__version__, "rfdetr", m.version("rfdetr"), "snakemake", m.version("snakemake"))'
 } > "$OUT/env-$phase.txt" 2>&1
+# A log without its progress bars: each bar update becomes a line of its own, the bar is cut off, and what was printed
+# right after it on the same line (a log message) is kept.
+without_progress_bars() {
+  stdbuf -oL tr '\r' '\n' | sed -u -E 's/^.*(it\/s|s\/it)[^]]*\]//' | grep --line-buffered -v '^[[:space:]]*$'
+}
 # SPLIT_CPUS=1: pin0/pin1 become taskset prefixes giving each of the two processes half the cores
 # (bench/cpu_halves.py says why); otherwise both are empty and the processes share every core.
 split_cpus() {
@@ -78,7 +83,7 @@ case $phase in
               done
             done <<< "${PAIRS:-stock||matches_on_device|--matches-on-device}"
             kill $dmon || true
-            for f in /tmp/profile-*.log; do grep -v "it/s" "$f" | tail -c 50000 > "$OUT/$(basename "$f")"; done
+            for f in /tmp/profile-*.log; do without_progress_bars < "$f" | tail -c 50000 > "$OUT/$(basename "$f")"; done
             exit 0 ;;
   route)    # the train stage alone on GPU 0 with the gpu_profiles row ROUTE, EPOCHS epochs in one block (NAME names the
             # run); runs of one machine share the compile cache in /tmp/compile-cache when SHARE_CACHE=1
@@ -111,7 +116,7 @@ case $phase in
               name=${run%%|*}; args=${run#*|}
               { CUDA_VISIBLE_DEVICES=0 TORCH_LOGS=recompiles timeout -k 30 "${LIMIT:-420}" python3 -m bench.validation --dataset "$DATA" \
                   --out "$OUT/validation-$name.json" --state "/tmp/v-$name" --epochs "${EPOCHS:-2}" $args 2>&1 || echo "$name failed: $?"; } \
-                | stdbuf -oL tr "\r" "\n" | grep --line-buffered -v "it/s" > "$OUT/validation-$name.log"
+                | without_progress_bars > "$OUT/validation-$name.log"
             done
             kill $dmon || true
             exit 0 ;;
