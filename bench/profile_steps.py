@@ -33,7 +33,11 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+import pytorch_lightning as pl
+import torch
+
 from pipeline.common import run_main
+from rfdetr_extensions.callbacks.epoch_log import compile_cache_counts
 
 # (compile, cuda_graphs) of each variant; te_graphs is the notebook's USE_TE_GRAPHS route (FP8, Transformer Engine)
 VARIANTS = {"stock": (None, None), "eager": (False, False), "eager_graphs": (False, True), "te_graphs": (None, None)}
@@ -104,148 +108,148 @@ def summarize_events(events: list[tuple[str, bool, int, int]], steps: int, top: 
     }
 
 
-PROCESS_STARTED = time.perf_counter()  # this module is imported within a second of the interpreter's start
+def seconds_since_process_start() -> float:
+    """Seconds since this process started: /proc/self/stat's start time against the system's uptime (Linux)."""
+    with open("/proc/self/stat") as stat, open("/proc/uptime") as uptime:
+        start_ticks = int(stat.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime, in clock ticks
+        return float(uptime.read().split()[0]) - start_ticks / os.sysconf("SC_CLK_TCK")
 
 
-def profile_callback(
-    start: int, steps: int, out: Path, batch: int, variant: str, trace: bool = False, sync_debug: bool = False
-) -> Any:
-    import pytorch_lightning as pl
-    import torch
+class StepProfile(pl.Callback):
+    """Times the steps before `start`, profiles `steps` steps from it, writes the summary to `out` (and, with
+    `trace`, the profiled steps' trace beside it) and ends the process. `variant` names the run in the summary;
+    `sync_debug` warns, with file and line, where a profiled step waits for the GPU."""
 
-    from rfdetr_extensions.callbacks.epoch_log import compile_cache_counts
+    def __init__(
+        self, start: int, steps: int, out: Path, batch: int, variant: str, trace: bool = False, sync_debug: bool = False
+    ) -> None:
+        self.start, self.steps, self.out, self.batch = start, steps, out, batch
+        self.trace, self.sync_debug = trace, sync_debug
+        self.cuda = torch.cuda.is_available()
+        self.step = 0
+        self.timed_from = max(start - 2 * steps, 1)
+        self.phases: dict[str, float] = defaultdict(float)
+        self.last = 0.0
+        self.result: dict[str, Any] = {"variant": variant, "batch": batch, "profiled_steps": steps}
+        self.gc_runs: Counter[int] = Counter()
+        self.gc_seconds = 0.0
+        self.gc_started = 0.0
 
-    cuda = torch.cuda.is_available()
-
-    def sync() -> None:
-        if cuda:
+    def sync(self) -> None:
+        if self.cuda:
             torch.cuda.synchronize()
 
-    class StepProfile(pl.Callback):
-        """Times steps, then profiles a window of them, writes the summary and ends the process."""
+    def time_gc(self, phase: str, info: dict[str, int]) -> None:
+        """Python's garbage collections in the timed steps: how many of each generation, how long in all."""
+        if phase == "start":
+            self.gc_started = time.perf_counter()
+        else:
+            self.gc_seconds += time.perf_counter() - self.gc_started
+            self.gc_runs[info["generation"]] += 1
 
-        def __init__(self) -> None:
-            self.step = 0
-            self.timed_from = max(start - 2 * steps, 1)
-            self.phases: dict[str, float] = defaultdict(float)
-            self.last = 0.0
-            self.result: dict[str, Any] = {"variant": variant, "batch": batch, "profiled_steps": steps}
-            self.gc_runs: Counter[int] = Counter()
-            self.gc_seconds = 0.0
-            self.gc_started = 0.0
+    def mark(self, phase: str) -> None:
+        now = time.perf_counter()
+        if self.step >= self.start:
+            self.phases[phase] += now - self.last
+        self.last = now
 
-        def time_gc(self, phase: str, info: dict[str, int]) -> None:
-            """Python's garbage collections in the timed steps: how many of each generation, how long in all."""
-            if phase == "start":
-                self.gc_started = time.perf_counter()
-            else:
-                self.gc_seconds += time.perf_counter() - self.gc_started
-                self.gc_runs[info["generation"]] += 1
-
-        def mark(self, phase: str) -> None:
-            now = time.perf_counter()
-            if self.step >= start:
-                self.phases[phase] += now - self.last
-            self.last = now
-
-        def on_train_batch_start(self, trainer: pl.Trainer, module: pl.LightningModule, batch_: Any, idx: int) -> None:
-            if self.step == self.timed_from:
-                sync()
-                self.timed_started = time.perf_counter()
-                # the process's start, model build, compile (or compile-cache loads) and first steps
-                self.result["seconds_before_timed_steps"] = round(self.timed_started - PROCESS_STARTED, 1)
-                self.result["compile_cache"] = compile_cache_counts()  # by then every graph is compiled or loaded
-                self.thread_usage = resource.getrusage(resource.RUSAGE_THREAD)
-                gc.callbacks.append(self.time_gc)
-            if self.step == start:
-                sync()
-                seconds = time.perf_counter() - self.timed_started
-                timed = start - self.timed_from
-                gc.callbacks.remove(self.time_gc)
-                self.result["unprofiled"] = {
-                    "steps": timed,
-                    "seconds_per_step": round(seconds / timed, 4),
-                    "images_per_second": round(timed * batch / seconds, 1),
-                    "garbage_collections_per_step": {
-                        f"generation {g}": round(n / timed, 2) for g, n in sorted(self.gc_runs.items())
-                    },
-                    "garbage_collection_seconds_per_step": round(self.gc_seconds / timed, 4),
-                    # the training thread taken off its core (involuntary) or waiting (voluntary), per step
-                    "training_thread_per_step": thread_usage_per_step(self.thread_usage, timed),
-                    "load_average_1min": os.getloadavg()[0],
-                }
-                activities = [torch.profiler.ProfilerActivity.CPU]
-                if cuda:
-                    activities.append(torch.profiler.ProfilerActivity.CUDA)
-                self.profiler = torch.profiler.profile(activities=activities)
-                if sync_debug and cuda:  # each place where the host waits for the GPU warns once, with file and line
-                    torch.cuda.set_sync_debug_mode("warn")
-                self.profiler.start()
-                self.profile_started = time.perf_counter()
-                self.last = self.profile_started
-            self.mark("waiting_for_data")
-
-        def on_before_backward(self, trainer: pl.Trainer, module: pl.LightningModule, loss: Any) -> None:
-            self.mark("forward_and_loss")
-
-        def on_after_backward(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
-            self.mark("backward")
-
-        def on_train_batch_end(
-            self, trainer: pl.Trainer, module: pl.LightningModule, outputs: Any, batch_: Any, idx: int
-        ) -> None:
-            self.mark("optimizer_and_callbacks")
-            self.step += 1
-            if self.step == start + steps:
-                sync()
-                wall = time.perf_counter() - self.profile_started
-                self.profiler.stop()
-                if sync_debug and cuda:
-                    torch.cuda.set_sync_debug_mode("default")
-                self.finish(wall)
-
-        def finish(self, wall: float) -> None:
-            from rfdetr.models.matcher import HungarianMatcher
-            from torch.autograd import DeviceType
-
-            flags = getattr(HungarianMatcher._match_many, "safety_flags", None)  # matching_without_waiting
-            if flags is not None:
-                self.result["matchings"] = {
-                    "queued": flags.steps,
-                    "left_to_rfdetr": flags.declined,
-                    "failed": flags.failed,
-                }
-
-            # GPU activities: kernels, copies, memsets. Annotations shown on the GPU's timeline (Lightning's
-            # "Optimizer.step" spans the whole step) are not work and are left out.
-            kineto = self.profiler.profiler.kineto_results.events()
-            annotations = {e.name() for e in kineto if e.is_user_annotation()}
-            events = [
-                (e.name(), e.device_type() == DeviceType.CUDA, e.start_ns(), e.start_ns() + e.duration_ns())
-                for e in kineto
-                if e.name() not in annotations
-            ]
-            summary = summarize_events(events, steps)
-            busy = summary["gpu_busy_seconds_per_step"]
-            self.result["profiled"] = {
-                "seconds_per_step": round(wall / steps, 4),
-                "images_per_second": round(steps * batch / wall, 1),
-                "host_phase_seconds_per_step": {k: round(v / steps, 4) for k, v in self.phases.items()},
-                **summary,
+    def on_train_batch_start(self, trainer: pl.Trainer, module: pl.LightningModule, batch_: Any, idx: int) -> None:
+        if self.step == self.timed_from:
+            self.sync()
+            self.timed_started = time.perf_counter()
+            # the process's start, model build, compile (or compile-cache loads) and first steps
+            self.result["seconds_before_timed_steps"] = round(seconds_since_process_start(), 1)
+            self.result["compile_cache"] = compile_cache_counts()  # by then every graph is compiled or loaded
+            self.thread_usage = resource.getrusage(resource.RUSAGE_THREAD)
+            gc.callbacks.append(self.time_gc)
+        if self.step == self.start:
+            self.sync()
+            seconds = time.perf_counter() - self.timed_started
+            timed = self.start - self.timed_from
+            gc.callbacks.remove(self.time_gc)
+            self.result["unprofiled"] = {
+                "steps": timed,
+                "seconds_per_step": round(seconds / timed, 4),
+                "images_per_second": round(timed * self.batch / seconds, 1),
+                "garbage_collections_per_step": {
+                    f"generation {g}": round(n / timed, 2) for g, n in sorted(self.gc_runs.items())
+                },
+                "garbage_collection_seconds_per_step": round(self.gc_seconds / timed, 4),
+                # the training thread taken off its core (involuntary) or waiting (voluntary), per step
+                "training_thread_per_step": thread_usage_per_step(self.thread_usage, timed),
+                "load_average_1min": os.getloadavg()[0],
             }
-            base = self.result["unprofiled"]["seconds_per_step"]
-            self.result["gpu_busy_fraction"] = round(busy / base, 3) if cuda else None
-            self.result["ceiling_speedup_without_host_overhead"] = round(base / busy, 2) if cuda and busy else None
-            self.result["peak_memory_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 1) if cuda else None
-            out.write_text(json.dumps(self.result, indent=1) + "\n")
-            if trace:  # the whole timeline, for a look in Perfetto or chrome://tracing (torch gzips a .gz name)
-                self.profiler.export_chrome_trace(str(out.with_suffix(".trace.json.gz")))
-            print(json.dumps(self.result, indent=1), flush=True)
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(0)  # the measurement is written; validation and checkpoints would only cost time
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if self.cuda:
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+            self.profiler = torch.profiler.profile(activities=activities)
+            # each place where the host waits for the GPU warns once, with file and line
+            if self.sync_debug and self.cuda:
+                torch.cuda.set_sync_debug_mode("warn")
+            self.profiler.start()
+            self.profile_started = time.perf_counter()
+            self.last = self.profile_started
+        self.mark("waiting_for_data")
 
-    return StepProfile()
+    def on_before_backward(self, trainer: pl.Trainer, module: pl.LightningModule, loss: Any) -> None:
+        self.mark("forward_and_loss")
+
+    def on_after_backward(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+        self.mark("backward")
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, module: pl.LightningModule, outputs: Any, batch_: Any, idx: int
+    ) -> None:
+        self.mark("optimizer_and_callbacks")
+        self.step += 1
+        if self.step == self.start + self.steps:
+            self.sync()
+            wall = time.perf_counter() - self.profile_started
+            self.profiler.stop()
+            if self.sync_debug and self.cuda:
+                torch.cuda.set_sync_debug_mode("default")
+            self.finish(wall)
+
+    def finish(self, wall: float) -> None:
+        from rfdetr.models.matcher import HungarianMatcher
+        from torch.autograd import DeviceType
+
+        flags = getattr(HungarianMatcher._match_many, "safety_flags", None)  # matching_without_waiting
+        if flags is not None:
+            self.result["matchings"] = {
+                "queued": flags.steps,
+                "left_to_rfdetr": flags.declined,
+                "failed": flags.failed,
+            }
+
+        # GPU activities: kernels, copies, memsets. Annotations shown on the GPU's timeline (Lightning's
+        # "Optimizer.step" spans the whole step) are not work and are left out.
+        kineto = self.profiler.profiler.kineto_results.events()
+        annotations = {e.name() for e in kineto if e.is_user_annotation()}
+        events = [
+            (e.name(), e.device_type() == DeviceType.CUDA, e.start_ns(), e.start_ns() + e.duration_ns())
+            for e in kineto
+            if e.name() not in annotations
+        ]
+        summary = summarize_events(events, self.steps)
+        busy = summary["gpu_busy_seconds_per_step"]
+        self.result["profiled"] = {
+            "seconds_per_step": round(wall / self.steps, 4),
+            "images_per_second": round(self.steps * self.batch / wall, 1),
+            "host_phase_seconds_per_step": {k: round(v / self.steps, 4) for k, v in self.phases.items()},
+            **summary,
+        }
+        base = self.result["unprofiled"]["seconds_per_step"]
+        self.result["gpu_busy_fraction"] = round(busy / base, 3) if self.cuda else None
+        self.result["ceiling_speedup_without_host_overhead"] = round(base / busy, 2) if self.cuda and busy else None
+        self.result["peak_memory_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 1) if self.cuda else None
+        self.out.write_text(json.dumps(self.result, indent=1) + "\n")
+        if self.trace:  # the whole timeline, for a look in Perfetto or chrome://tracing (torch gzips a .gz name)
+            self.profiler.export_chrome_trace(str(self.out.with_suffix(".trace.json.gz")))
+        print(json.dumps(self.result, indent=1), flush=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)  # the measurement is written; validation and checkpoints would only cost time
 
 
 def parse_speedups(value: str) -> str | list[str]:
@@ -295,7 +299,6 @@ def main() -> None:
     compile_, graphs = VARIANTS[args.variant]
     if "static_cuda_graphs" in selection.names():
         compile_, graphs = True, True
-    import torch
     import torch._inductor.config as inductor_config
 
     torch.backends.cudnn.benchmark = args.cudnn_benchmark  # Lightning's Trainer(benchmark=None) keeps this value
@@ -312,7 +315,7 @@ def main() -> None:
     name += "+cudnn_benchmark" if args.cudnn_benchmark else ""
     # TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1 in the environment turns this on
     name += "+coordinate_descent" if inductor_config.coordinate_descent_tuning else ""
-    callback = profile_callback(args.start, args.steps, args.out, args.batch, name, args.trace, args.sync_debug)
+    callback = StepProfile(args.start, args.steps, args.out, args.batch, name, args.trace, args.sync_debug)
     callback.result["host_threads"] = {"default": default_threads, "used": torch.get_num_threads()}
     callback.result["speedups"] = selection.names()
     callback.result["cudnn_benchmark"] = torch.backends.cudnn.benchmark

@@ -36,6 +36,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytorch_lightning as pl
 import yaml
 
 from pipeline.common import log, run_main, write_json
@@ -86,88 +87,96 @@ class PhaseRecord:
         log.info("validation phases: %s", json.dumps(record))
 
 
-def phase_clocks(record: PhaseRecord) -> tuple[Any, Any]:
-    """The callbacks that go first and last in the Trainer's list."""
-    import pytorch_lightning as pl
+class PhaseClockFirst(pl.Callback):
+    """Goes first in the Trainer's callback list: opens a validation's record, closes its `loader` phase at each
+    batch's start (counting the batch's images) and its `forward` phase at each batch's end."""
 
-    class First(pl.Callback):
-        def on_validation_epoch_start(self, trainer: Any, module: Any) -> None:
-            if not trainer.sanity_checking:
-                record.start(trainer.current_epoch)
+    def __init__(self, record: PhaseRecord) -> None:
+        self.record = record
 
-        def on_validation_batch_start(self, trainer: Any, module: Any, batch: Any, *args: Any) -> None:
-            if record.current and not trainer.sanity_checking:
-                record.close("loader")
-                images = batch[0]
-                record.current["images"] += int(getattr(images, "tensors", images).shape[0])
-                record.current["batches"] += 1
+    def on_validation_epoch_start(self, trainer: Any, module: Any) -> None:
+        if not trainer.sanity_checking:
+            self.record.start(trainer.current_epoch)
 
-        def on_validation_batch_end(self, trainer: Any, *args: Any) -> None:
-            if record.current and not trainer.sanity_checking:
-                record.close("forward")
+    def on_validation_batch_start(self, trainer: Any, module: Any, batch: Any, *args: Any) -> None:
+        if self.record.current and not trainer.sanity_checking:
+            self.record.close("loader")
+            images = batch[0]
+            self.record.current["images"] += int(getattr(images, "tensors", images).shape[0])
+            self.record.current["batches"] += 1
 
-        def on_validation_epoch_end(self, trainer: Any, module: Any) -> None:
-            if record.current and not trainer.sanity_checking:
-                record.close("loader")  # the wait for the loader to say it has no more batches
+    def on_validation_batch_end(self, trainer: Any, *args: Any) -> None:
+        if self.record.current and not trainer.sanity_checking:
+            self.record.close("forward")
 
-    class Last(pl.Callback):
-        def on_validation_batch_end(self, trainer: Any, *args: Any) -> None:
-            if record.current and not trainer.sanity_checking:
-                record.close("batch_callbacks")
-
-        def on_validation_epoch_end(self, trainer: Any, module: Any) -> None:
-            if record.current and not trainer.sanity_checking:
-                record.close("epoch_end")
-
-        def on_validation_end(self, trainer: Any, module: Any) -> None:
-            if record.current and not trainer.sanity_checking:
-                record.finish()
-                record.current = {}
-
-    return First(), Last()
+    def on_validation_epoch_end(self, trainer: Any, module: Any) -> None:
+        if self.record.current and not trainer.sanity_checking:
+            self.record.close("loader")  # the wait for the loader to say it has no more batches
 
 
-def validation_profiler(trace: Path, validation: int = 1) -> Any:
-    """A callback that runs validation number `validation` (0: the first after the sanity check) under
-    torch.profiler and writes its chrome trace to `trace` (gzipped when it ends in .gz). Shown by
+class PhaseClockLast(pl.Callback):
+    """Goes last in the Trainer's callback list: closes the `batch_callbacks` and `epoch_end` phases, and finishes
+    the validation's record at its end."""
+
+    def __init__(self, record: PhaseRecord) -> None:
+        self.record = record
+
+    def on_validation_batch_end(self, trainer: Any, *args: Any) -> None:
+        if self.record.current and not trainer.sanity_checking:
+            self.record.close("batch_callbacks")
+
+    def on_validation_epoch_end(self, trainer: Any, module: Any) -> None:
+        if self.record.current and not trainer.sanity_checking:
+            self.record.close("epoch_end")
+
+    def on_validation_end(self, trainer: Any, module: Any) -> None:
+        if self.record.current and not trainer.sanity_checking:
+            self.record.finish()
+            self.record.current = {}
+
+
+class ProfileOneValidation(pl.Callback):
+    """Runs validation number `validation` (0: the first after the sanity check) under torch.profiler and writes its
+    chrome trace to `trace` (gzipped when it ends in .gz). Shown by
     `tests/test_bench.py::test_the_validation_profiler_traces_only_the_second_validation`."""
-    import pytorch_lightning as pl
-    import torch
 
-    class ProfileOneValidation(pl.Callback):
-        def __init__(self) -> None:
-            self.seen = 0
-            self.profiler: Any = None
+    def __init__(self, trace: Path, validation: int = 1) -> None:
+        self.trace = trace
+        self.validation = validation
+        self.seen = 0
+        self.profiler: Any = None
 
-        def on_validation_epoch_start(self, trainer: Any, module: Any) -> None:
-            if trainer.sanity_checking:
-                return
-            if self.seen == validation:
-                activities = [torch.profiler.ProfilerActivity.CPU]
-                if torch.cuda.is_available():
-                    activities.append(torch.profiler.ProfilerActivity.CUDA)
-                self.profiler = torch.profiler.profile(activities=activities)
-                self.profiler.start()
-            self.seen += 1
+    def on_validation_epoch_start(self, trainer: Any, module: Any) -> None:
+        import torch
 
-        def on_validation_end(self, trainer: Any, module: Any) -> None:
-            if self.profiler is not None:
-                if torch.cuda.is_available():
-                    torch.cuda.synchronize()
-                self.profiler.stop()
-                self.profiler.export_chrome_trace(str(trace))
-                log.info("validation trace: %s", trace)
-                self.profiler = None
+        if trainer.sanity_checking:
+            return
+        if self.seen == self.validation:
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if torch.cuda.is_available():
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+            self.profiler = torch.profiler.profile(activities=activities)
+            self.profiler.start()
+        self.seen += 1
 
-    return ProfileOneValidation()
+    def on_validation_end(self, trainer: Any, module: Any) -> None:
+        import torch
+
+        if self.profiler is not None:
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            self.profiler.stop()
+            self.profiler.export_chrome_trace(str(self.trace))
+            log.info("validation trace: %s", self.trace)
+            self.profiler = None
 
 
 @contextmanager
 def clocked_trainer(record: PhaseRecord, trace: Path | None = None) -> Iterator[None]:
     """Every Trainer rfdetr builds in this block gets the phase clocks first and last in its callback list (and,
     with `trace`, the profiler of one validation right after the first clock)."""
-    first, last = phase_clocks(record)
-    extra = [validation_profiler(trace)] if trace else []
+    first, last = PhaseClockFirst(record), PhaseClockLast(record)
+    extra = [ProfileOneValidation(trace)] if trace else []
 
     def wrap(original: Any) -> Any:
         def build_trainer(*args: Any, **kwargs: Any) -> Any:
