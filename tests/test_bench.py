@@ -331,58 +331,11 @@ def test_a_validation_timed_whole_keeps_its_phases_at_zero_and_counts_its_images
             assert abs(sum(done[phase] for phase in PHASES) - done["seconds"]) <= 0.005
 
 
-def test_the_phase_clocks_record_each_validation_with_its_images_and_phases(tmp_path):
-    """`bench.validation`'s clocks, first and last in the callback list around a callback that works at each
-    validation batch's end: one record per validation, its images and batches counted, that work in its phase."""
+def marked_model(val_batch: int):
+    """A small Lightning model (8 training and 6 validation items of 4 numbers) whose steps are marked in a
+    torch.profiler trace: `training_step_marker`, `validation_of_epoch_<epoch>`."""
     import pytorch_lightning as pl
     import torch
-
-    from bench.validation import PHASES, PhaseClockFirst, PhaseClockLast, PhaseRecord
-    from tests.helpers.lightning_trainer import small_trainer
-
-    class Model(pl.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.layer = torch.nn.Linear(4, 1)
-
-        def training_step(self, batch, batch_idx):
-            return self.layer(batch[0]).sum()
-
-        def validation_step(self, batch, batch_idx) -> None:
-            self.layer(batch[0])
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.01)
-
-        def train_dataloader(self):
-            return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(8, 4)), batch_size=4)
-
-        def val_dataloader(self):
-            return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(6, 4)), batch_size=4)
-
-    class BatchWork(pl.Callback):  # stands for the metric's work at each batch's end
-        def on_validation_batch_end(self, *args) -> None:
-            sum(range(200_000))
-
-    record = PhaseRecord()
-    small_trainer(tmp_path, [PhaseClockFirst(record), BatchWork(), PhaseClockLast(record)], 2).fit(Model())
-    assert [done["epoch"] for done in record.records] == [0, 1]
-    for done in record.records:
-        assert done["images"] == 6 and done["batches"] == 2  # a batch of 4 and the last one of 2
-        assert done["batch_callbacks"] > 0
-        assert abs(sum(done[phase] for phase in PHASES) - done["seconds"]) <= 0.006
-
-
-def test_the_validation_profiler_traces_only_the_second_validation(tmp_path):
-    """`bench.validation --trace`: the trace holds the operations of one validation, the second, and none of the
-    training steps or of the other validations."""
-    import gzip
-
-    import pytorch_lightning as pl
-    import torch
-
-    from bench.validation import ProfileOneValidation
-    from tests.helpers.lightning_trainer import small_trainer
 
     class Model(pl.LightningModule):
         def __init__(self) -> None:
@@ -404,10 +357,44 @@ def test_the_validation_profiler_traces_only_the_second_validation(tmp_path):
             return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(8, 4)), batch_size=4)
 
         def val_dataloader(self):
-            return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(6, 4)), batch_size=2)
+            return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(6, 4)), batch_size=val_batch)
+
+    return Model()
+
+
+def test_the_phase_clocks_record_each_validation_with_its_images_and_phases(tmp_path):
+    """`bench.validation`'s clocks, first and last in the callback list around a callback that works at each
+    validation batch's end: one record per validation, its images and batches counted, that work in its phase."""
+    import pytorch_lightning as pl
+
+    from bench.validation import PHASES, PhaseClockFirst, PhaseClockLast, PhaseRecord
+    from tests.helpers.lightning_trainer import small_trainer
+
+    class BatchWork(pl.Callback):  # stands for the metric's work at each batch's end
+        def on_validation_batch_end(self, *args) -> None:
+            sum(range(200_000))
+
+    record = PhaseRecord()
+    small_trainer(tmp_path, [PhaseClockFirst(record), BatchWork(), PhaseClockLast(record)], 2).fit(
+        marked_model(val_batch=4)
+    )
+    assert [done["epoch"] for done in record.records] == [0, 1]
+    for done in record.records:
+        assert done["images"] == 6 and done["batches"] == 2  # a batch of 4 and the last one of 2
+        assert done["batch_callbacks"] > 0
+        assert abs(sum(done[phase] for phase in PHASES) - done["seconds"]) <= 0.006
+
+
+def test_the_validation_profiler_traces_only_the_second_validation(tmp_path):
+    """`bench.validation --trace`: the trace holds the operations of one validation, the second, and none of the
+    training steps or of the other validations."""
+    import gzip
+
+    from bench.validation import ProfileOneValidation
+    from tests.helpers.lightning_trainer import small_trainer
 
     trace = tmp_path / "validation.trace.json.gz"
-    small_trainer(tmp_path, [ProfileOneValidation(trace)], 3).fit(Model())
+    small_trainer(tmp_path, [ProfileOneValidation(trace)], 3).fit(marked_model(val_batch=2))
     with gzip.open(trace, "rt") as handle:
         names = {event.get("name") for event in json.load(handle)["traceEvents"]}
     assert "validation_of_epoch_1" in names
