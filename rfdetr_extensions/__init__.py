@@ -170,6 +170,15 @@ SPEEDUPS: tuple[Speedup, ...] = (
         "tests/test_padding_in_one_copy.py::test_the_padding_equals_pad_sequences",
     ),
     _patch(
+        "metric_update_per_batch",
+        (
+            "rfdetr.training.callbacks.coco_eval:COCOEvalCallback._convert_targets",
+            "rfdetr.training.coco_map:OnePassCocoMeanAveragePrecision.update",
+        ),
+        "a validation batch's boxes reach the COCO metric converted once per batch, not once per image",
+        "tests/test_metric_update_per_batch.py::test_the_metrics_state_and_result_equal_rfdetrs_bit_for_bit",
+    ),
+    _patch(
         "metric_inputs_in_one_copy",
         (
             "rfdetr.training.callbacks.coco_eval:COCOEvalCallback._convert_preds",

@@ -1,4 +1,4 @@
-"""The validation speedups `metric_inputs_in_one_copy` and `matching_in_workers` give rfdetr's metrics.
+"""The validation speedups `metric_update_per_batch`, `metric_inputs_in_one_copy` and `matching_in_workers` give rfdetr's metrics.
 
 The first test feeds rfdetr's matching directly, three batches with many true and false matches, crowd boxes and
 tied scores; the second runs rfdetr's real evaluation loop on the tiny set with and without both speedups.
@@ -21,7 +21,7 @@ from rfdetr_extensions.patches.matching_in_workers import MatchingPool, PendingA
 from rfdetr_extensions.patches.metric_inputs_in_one_copy import to_host_in_one_copy
 from rfdetr_extensions.patching import patch_rfdetr
 
-SPEEDUPS = ["metric_inputs_in_one_copy", "matching_in_workers"]
+SPEEDUPS = ["metric_update_per_batch", "metric_inputs_in_one_copy", "matching_in_workers"]
 
 
 def batch(generator: torch.Generator, images: int) -> tuple[list[dict], list[dict]]:
