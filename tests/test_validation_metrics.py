@@ -1,4 +1,5 @@
-"""The validation speedups `metric_update_per_batch`, `metric_inputs_in_one_copy` and `matching_in_workers` give rfdetr's metrics.
+"""The validation speedups `metric_update_per_batch`, `metric_inputs_in_one_copy` and `matching_in_workers` give
+rfdetr's metrics.
 
 The first test feeds rfdetr's matching directly, three batches with many true and false matches, crowd boxes and
 tied scores; the second runs rfdetr's real evaluation loop on the tiny set with and without both speedups.
