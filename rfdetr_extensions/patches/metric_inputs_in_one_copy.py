@@ -12,7 +12,8 @@ their own shapes: the predictions after rfdetr's `_convert_preds` (post-processe
 rfdetr's `_convert_targets`, so that its per-image conversion (a host-to-device copy of the image's size and a few
 element-wise operations per image, about a thousand small GPU launches a batch of 125) runs on host tensors.
 Everything after works on host tensors, as rfdetr's metric does with its own copies. Segmentation (masks) keeps
-rfdetr's path.
+rfdetr's path. rfdetr's metric keeps the views it is handed, and DDP's merge of its state pickles each view with its
+whole buffer; `metric_update_per_batch` (applied with this one by `auto` and `all`) stores each image's own copy.
 
 Guarantees: the same keys, values, dtypes and shapes as rfdetr's tensors, on the CPU; the metrics computed from
 them equal rfdetr's (the targets' conversion and the F1 matching's box IoU then run on the host: the same IEEE
