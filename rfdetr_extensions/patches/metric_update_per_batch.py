@@ -16,7 +16,8 @@ other than xyxy, a warning about too many detections, and inputs of mixed dtype 
 
 Guarantees: the same tensors, dtypes and shapes in the metric's state as rfdetr's, bit for bit (element-wise
 IEEE operations give the same result on a row whether it is converted alone or among others), and so the same
-metrics. Shown by `tests/test_metric_update_per_batch.py`.
+metrics, also after DDP's merge of two ranks' states. Shown by `tests/test_metric_update_per_batch.py` (DDP:
+`test_under_ddp_the_merged_metric_equals_one_process_and_the_ranks_send_their_images_values_only`).
 """
 
 from __future__ import annotations
