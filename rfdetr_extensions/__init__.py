@@ -183,6 +183,7 @@ SPEEDUPS: tuple[Speedup, ...] = (
         (
             "rfdetr.training.callbacks.coco_eval:COCOEvalCallback._convert_preds",
             "rfdetr.training.callbacks.coco_eval:COCOEvalCallback._convert_targets",
+            "rfdetr.training.coco_map:OnePassCocoMeanAveragePrecision.merge_distributed_state",
         ),
         "a validation batch's predictions and targets reach the COCO metric on the host in one copy per dtype",
         "tests/test_validation_metrics.py::test_validation_metrics_equal_rfdetrs_with_the_validation_speedups",

@@ -6,14 +6,12 @@ tied scores) and `targets_as_the_loader_gives_them` (normalised cxcywh boxes, im
 
 from __future__ import annotations
 
-import pickle
-
 import pytest
 import torch
 
 from rfdetr_extensions.patches.metric_inputs_in_one_copy import metric_inputs_in_one_copy
 from rfdetr_extensions.patches.metric_update_per_batch import metric_update_per_batch
-from tests.test_validation_metrics import batch, targets_as_the_loader_gives_them
+from tests.test_validation_metrics import batch, new_metric, targets_as_the_loader_gives_them
 
 STATES = (
     "detection_box",
@@ -24,14 +22,6 @@ STATES = (
     "groundtruth_crowds",
     "groundtruth_area",
 )
-
-
-def new_metric():
-    from rfdetr.training.coco_map import OnePassCocoMeanAveragePrecision
-
-    return OnePassCocoMeanAveragePrecision(
-        iou_type="bbox", class_metrics=True, max_detection_thresholds=[1, 10, 500], backend="vernier"
-    )
 
 
 def batches(device: str) -> list[tuple[list[dict], list[dict]]]:
@@ -78,27 +68,6 @@ def test_the_metrics_state_and_result_equal_rfdetrs_bit_for_bit(device):
     assert float(theirs["map"]) > 0.005  # some detections hit: a metric with something to agree on
     for key, value in theirs.items():
         assert torch.equal(torch.as_tensor(mine[key]), torch.as_tensor(value)), key
-
-
-def test_each_images_state_pickles_alone_not_with_the_batchs_buffer():
-    """`metric_inputs_in_one_copy` hands the metric views of one buffer per dtype; DDP's state merge pickles the
-    state, and a view pickles its whole buffer. Within the block the state holds each image's own values."""
-    generator = torch.Generator().manual_seed(1)
-    preds, targets = batch(generator, 50)
-    flat = torch.cat([item["scores"] for item in preds])  # a host buffer, as one copy from the GPU leaves it
-    viewed = [dict(item, scores=piece) for item, piece in zip(preds, flat.split(50), strict=True)]
-
-    def pickled_bytes(metric) -> int:
-        return len(pickle.dumps([getattr(metric, name) for name in STATES]))
-
-    with metric_update_per_batch():
-        own, views = new_metric(), new_metric()
-        own.update(preds, targets)
-        views.update(viewed, targets)
-    rfdetrs = new_metric()
-    rfdetrs.update(viewed, targets)
-    assert pickled_bytes(views) < 1.1 * pickled_bytes(own)
-    assert pickled_bytes(rfdetrs) > 3 * pickled_bytes(own)  # what rfdetr's update keeps of the same views
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
@@ -149,83 +118,3 @@ def test_masks_and_other_box_formats_keep_rfdetrs_path():
         xywh.update(preds, truth)
     assert all("masks" in entry for entry in converted)  # rfdetr's path resizes them; ours would have dropped them
     assert torch.equal(xywh.detection_box[0], preds[0]["boxes"])  # not converted: the boxes are xywh already
-
-
-def batches_as_one_copy_leaves_them() -> list[tuple[list[dict], list[dict]]]:
-    """Four batches whose boxes and scores are views of one host buffer per batch and field, as
-    `metric_inputs_in_one_copy` hands them to the metric after one copy from the GPU."""
-    generator = torch.Generator().manual_seed(11)
-    found = []
-    for _ in range(4):
-        preds, targets = batch(generator, 40)
-        for key in ("boxes", "scores"):
-            flat = torch.cat([item[key].reshape(-1) for item in preds])
-            pieces = flat.split([item[key].numel() for item in preds])
-            for item, piece in zip(preds, pieces, strict=True):
-                item[key] = piece.view(item[key].shape)
-        found.append((preds, targets))
-    return found
-
-
-def merge_on_a_rank(rank: int, address: str, folder: str, per_batch: bool) -> None:
-    """One of two DDP ranks (gloo): its half of the batches, rfdetr's state merge, the metric computed."""
-    import contextlib
-    from pathlib import Path
-
-    import torch.distributed as dist
-
-    from rfdetr_extensions.patching import patch_rfdetr
-
-    dist.init_process_group("gloo", init_method=address, rank=rank, world_size=2)
-    gathered_bytes: list[int] = []
-
-    def measured(original):
-        def all_gather(data, *args, **kwargs):
-            gathered_bytes.append(len(pickle.dumps(data)))
-            return original(data, *args, **kwargs)
-
-        return all_gather
-
-    try:
-        with (
-            metric_update_per_batch() if per_batch else contextlib.nullcontext(),
-            patch_rfdetr("rfdetr.training.coco_map", "all_gather", measured),
-        ):
-            metric = new_metric()
-            for preds, targets in batches_as_one_copy_leaves_them()[2 * rank : 2 * rank + 2]:
-                metric.update(preds, targets)
-            metric.merge_distributed_state()
-            result = metric.compute()
-        torch.save({"result": result, "gathered_bytes": sum(gathered_bytes)}, Path(folder) / f"{per_batch}-{rank}.pt")
-    finally:
-        dist.destroy_process_group()
-
-
-def test_under_ddp_the_merged_metric_equals_one_process_and_the_ranks_send_their_images_values_only(tmp_path):
-    """Two real DDP ranks (gloo on the CPU), each with half of the batches as `metric_inputs_in_one_copy` leaves
-    them: after rfdetr's `merge_distributed_state` both ranks compute the metrics one process computes over every
-    batch, and within the block a rank pickles a fraction of what rfdetr's state pickles."""
-    import socket
-
-    import torch.multiprocessing as mp
-
-    rfdetrs = new_metric()
-    for preds, targets in batches_as_one_copy_leaves_them():
-        rfdetrs.update(preds, targets)
-    expected = rfdetrs.compute()
-    for per_batch in (False, True):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        mp.spawn(merge_on_a_rank, args=(f"tcp://127.0.0.1:{port}", str(tmp_path), per_batch), nprocs=2)
-    saved = {
-        (per_batch, rank): torch.load(tmp_path / f"{per_batch}-{rank}.pt")
-        for per_batch in (False, True)
-        for rank in (0, 1)
-    }
-    for (per_batch, rank), found in saved.items():
-        assert found["result"].keys() == expected.keys(), (per_batch, rank)
-        for key, value in expected.items():
-            assert torch.equal(torch.as_tensor(found["result"][key]), torch.as_tensor(value)), (per_batch, rank, key)
-    for rank in (0, 1):
-        assert saved[(False, rank)]["gathered_bytes"] > 3 * saved[(True, rank)]["gathered_bytes"]

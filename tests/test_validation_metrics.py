@@ -278,3 +278,89 @@ def test_targets_converted_on_the_host_equal_rfdetrs_conversion_on_the_batchs_de
         for key, value in theirs.items():
             assert mine[key].device.type == "cpu" and mine[key].dtype == value.dtype, key
             assert torch.equal(mine[key], value.cpu()), key  # bit for bit
+
+
+def new_metric():
+    """rfdetr's COCO metric as its validation callback builds it (vernier, 500 detections at most)."""
+    from rfdetr.training.coco_map import OnePassCocoMeanAveragePrecision
+
+    return OnePassCocoMeanAveragePrecision(
+        iou_type="bbox", class_metrics=True, max_detection_thresholds=[1, 10, 500], backend="vernier"
+    )
+
+
+def batches_as_one_copy_leaves_them() -> list[tuple[list[dict], list[dict]]]:
+    """Four batches whose boxes and scores are views of one host buffer per batch and field, as
+    `metric_inputs_in_one_copy` hands them to the metric after one copy from the GPU."""
+    generator = torch.Generator().manual_seed(11)
+    found = []
+    for _ in range(4):
+        preds, targets = batch(generator, 40)
+        for key in ("boxes", "scores"):
+            flat = torch.cat([item[key].reshape(-1) for item in preds])
+            pieces = flat.split([item[key].numel() for item in preds])
+            for item, piece in zip(preds, pieces, strict=True):
+                item[key] = piece.view(item[key].shape)
+        found.append((preds, targets))
+    return found
+
+
+def merge_on_a_rank(rank: int, address: str, folder: str, speedups: list[str]) -> None:
+    """One of two DDP ranks (gloo): its half of the batches, rfdetr's state merge, the metric computed."""
+    import pickle
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=address, rank=rank, world_size=2)
+    gathered_bytes: list[int] = []
+
+    def measured(original):
+        def all_gather(data, *args, **kwargs):
+            gathered_bytes.append(len(pickle.dumps(data)))
+            return original(data, *args, **kwargs)
+
+        return all_gather
+
+    try:
+        with (
+            applied(select_speedups(speedups or "none", CHECKED_RFDETR)),
+            patch_rfdetr("rfdetr.training.coco_map", "all_gather", measured),
+        ):
+            metric = new_metric()
+            for preds, targets in batches_as_one_copy_leaves_them()[2 * rank : 2 * rank + 2]:
+                metric.update(preds, targets)
+            metric.merge_distributed_state()
+            result = metric.compute()
+        torch.save(
+            {"result": result, "gathered_bytes": sum(gathered_bytes)}, Path(folder) / f"{bool(speedups)}-{rank}.pt"
+        )
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_ddp_ranks_merge_to_one_processs_metrics_sending_each_images_values_only(tmp_path):
+    """Two real DDP ranks (gloo on the CPU), each with half of the batches as one copy from the GPU leaves them
+    (views of one buffer): after rfdetr's `merge_distributed_state` both ranks compute the metrics one process
+    computes over every batch, stock and with the speedups that reach the metric; with them a rank sends each
+    image's values, where rfdetr's merge pickles every view with its whole buffer."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    one_process = new_metric()
+    for preds, targets in batches_as_one_copy_leaves_them():
+        one_process.update(preds, targets)
+    expected = one_process.compute()
+    for speedups in ([], ["metric_update_per_batch", "metric_inputs_in_one_copy"]):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        mp.spawn(merge_on_a_rank, args=(f"tcp://127.0.0.1:{port}", str(tmp_path), speedups), nprocs=2)
+    saved = {(ours, rank): torch.load(tmp_path / f"{ours}-{rank}.pt") for ours in (False, True) for rank in (0, 1)}
+    for (ours, rank), found in saved.items():
+        assert found["result"].keys() == expected.keys(), (ours, rank)
+        for key, value in expected.items():
+            assert torch.equal(torch.as_tensor(found["result"][key]), torch.as_tensor(value)), (ours, rank, key)
+    for rank in (0, 1):
+        assert saved[(False, rank)]["gathered_bytes"] > 3 * saved[(True, rank)]["gathered_bytes"]

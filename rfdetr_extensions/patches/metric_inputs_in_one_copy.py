@@ -12,13 +12,15 @@ their own shapes: the predictions after rfdetr's `_convert_preds` (post-processe
 rfdetr's `_convert_targets`, so that its per-image conversion (a host-to-device copy of the image's size and a few
 element-wise operations per image, about a thousand small GPU launches a batch of 125) runs on host tensors.
 Everything after works on host tensors, as rfdetr's metric does with its own copies. Segmentation (masks) keeps
-rfdetr's path. rfdetr's metric keeps the views it is handed, and DDP's merge of its state pickles each view with its
-whole buffer; `metric_update_per_batch` (applied with this one by `auto` and `all`) stores each image's own copy.
+rfdetr's path. rfdetr's metric keeps the views it is handed, and its DDP merge (`merge_distributed_state`) pickles
+the state for the other ranks, where a view would carry its whole buffer, the batch's, once per image: within this
+block each kept view is copied to storage of its own first, on a rank of a DDP run only.
 
 Guarantees: the same keys, values, dtypes and shapes as rfdetr's tensors, on the CPU; the metrics computed from
-them equal rfdetr's (the targets' conversion and the F1 matching's box IoU then run on the host: the same IEEE
-element-wise operations, checked equal on the GPU). Shown by `tests/test_validation_metrics.py` (and `pytest -m
-gpu`).
+them equal rfdetr's, also after two DDP ranks merge their states (the targets' conversion and the F1 matching's box
+IoU then run on the host: the same IEEE element-wise operations, checked equal on the GPU). Shown by
+`tests/test_validation_metrics.py` (and `pytest -m gpu`); DDP:
+`tests/test_validation_metrics.py::test_two_ddp_ranks_merge_to_one_processs_metrics_sending_each_images_values_only`.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any
 from rfdetr_extensions.patching import patch_rfdetr
 
 CALLBACK = "rfdetr.training.callbacks.coco_eval:COCOEvalCallback"
+METRIC = "rfdetr.training.coco_map:OnePassCocoMeanAveragePrecision"
 
 
 def to_host_in_one_copy(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -49,6 +52,30 @@ def to_host_in_one_copy(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for (index, key, value), piece in zip(entries, pieces, strict=True):
             moved[index][key] = piece.view(value.shape)
     return moved
+
+
+def own_storage(tensor: Any) -> Any:
+    """`tensor`, or a copy of it when it is a view into a larger buffer (a copy pickles only its own values)."""
+    if tensor.untyped_storage().nbytes() != tensor.numel() * tensor.element_size():
+        return tensor.clone()
+    return tensor
+
+
+def merged_from_own_storage(original: Callable[[Any], None]) -> Callable[[Any], None]:
+    """rfdetr's `merge_distributed_state`, after every state tensor kept as a view is given storage of its own."""
+
+    def merge_distributed_state(metric: Any) -> None:
+        import torch
+        from rfdetr.training.coco_map import _MAP_STATE_ATTRS
+        from rfdetr.utilities.distributed import get_world_size, is_dist_avail_and_initialized
+
+        if is_dist_avail_and_initialized() and get_world_size() > 1:
+            for name in _MAP_STATE_ATTRS:  # masks are kept as RLE tuples, not tensors
+                kept = getattr(metric, name)
+                setattr(metric, name, [own_storage(v) if isinstance(v, torch.Tensor) else v for v in kept])
+        return original(metric)
+
+    return merge_distributed_state
 
 
 def has_masks(items: list[dict[str, Any]]) -> bool:
@@ -77,6 +104,7 @@ def _both() -> Any:
     with ExitStack() as stack:
         stack.enter_context(patch_rfdetr(CALLBACK, "_convert_preds", preds_on_host))
         stack.enter_context(patch_rfdetr(CALLBACK, "_convert_targets", targets_on_host))
+        stack.enter_context(patch_rfdetr(METRIC, "merge_distributed_state", merged_from_own_storage))
         yield
 
 

@@ -9,15 +9,14 @@ converts every image's predicted and true boxes to xywh with its own `box_conver
 
 Within this block both run once per batch for the plain box case: every image's boxes are concatenated, converted
 by the same functions (`box_cxcywh_to_xyxy` times each row's image scale; torchvision's `box_convert`), and split
-back per image. Each image's tensors then get storage of their own, so that the metric's state, which DDP's
-`merge_distributed_state` pickles to the other ranks, holds each image's values and not the whole batch's buffer
-once per image (`metric_inputs_in_one_copy` hands the metric views of one buffer). Masks, keypoints, a box format
-other than xyxy, a warning about too many detections, and inputs of mixed dtype or device keep rfdetr's path.
+back per image, each image's boxes a copy of their own as rfdetr's are (DDP's `merge_distributed_state` pickles the
+state, where a view would carry the whole batch). Masks, keypoints, a box format other than xyxy, a warning about too
+many detections, and inputs of mixed dtype or device keep rfdetr's path.
 
 Guarantees: the same tensors, dtypes and shapes in the metric's state as rfdetr's, bit for bit (element-wise
 IEEE operations give the same result on a row whether it is converted alone or among others), and so the same
-metrics, also after DDP's merge of two ranks' states. Shown by `tests/test_metric_update_per_batch.py` (DDP:
-`test_under_ddp_the_merged_metric_equals_one_process_and_the_ranks_send_their_images_values_only`).
+metrics. Shown by `tests/test_metric_update_per_batch.py` (and, under DDP with `metric_inputs_in_one_copy`,
+`tests/test_validation_metrics.py::test_two_ddp_ranks_merge_to_one_processs_metrics_sending_each_images_values_only`).
 """
 
 from __future__ import annotations
@@ -30,13 +29,6 @@ from rfdetr_extensions.patching import patch_rfdetr
 
 CALLBACK = "rfdetr.training.callbacks.coco_eval:COCOEvalCallback"
 METRIC = "rfdetr.training.coco_map:OnePassCocoMeanAveragePrecision"
-
-
-def own_storage(tensor: Any) -> Any:
-    """`tensor`, or a copy of it when it is a view into a larger buffer (a copy pickles only its own values)."""
-    if tensor.untyped_storage().nbytes() != tensor.numel() * tensor.element_size():
-        return tensor.clone()
-    return tensor
 
 
 def per_image(converted: Any, counts: list[int]) -> list[Any]:
@@ -145,15 +137,15 @@ def update_per_batch(original: Callable[..., None]) -> Callable[..., None]:
             boxes = torch.cat([item["boxes"] for item in items])
             return per_image(box_convert(boxes, in_fmt="xyxy", out_fmt="xywh"), [len(item["boxes"]) for item in items])
 
+        # the rest as torchmetrics keeps it: the tensors handed in
         metric.detection_box.extend(xywh(cpu_preds))
-        metric.detection_labels.extend(own_storage(item["labels"]) for item in cpu_preds)
-        metric.detection_scores.extend(own_storage(item["scores"]) for item in cpu_preds)
+        metric.detection_labels.extend(item["labels"] for item in cpu_preds)
+        metric.detection_scores.extend(item["scores"] for item in cpu_preds)
         metric.groundtruth_box.extend(xywh(cpu_target))
         for item in cpu_target:
-            labels = own_storage(item["labels"])
-            metric.groundtruth_labels.append(labels)
-            metric.groundtruth_crowds.append(own_storage(item.get("iscrowd", torch.zeros_like(labels))))
-            metric.groundtruth_area.append(own_storage(item.get("area", torch.zeros_like(labels))))
+            metric.groundtruth_labels.append(item["labels"])
+            metric.groundtruth_crowds.append(item.get("iscrowd", torch.zeros_like(item["labels"])))
+            metric.groundtruth_area.append(item.get("area", torch.zeros_like(item["labels"])))
 
     return update
 
