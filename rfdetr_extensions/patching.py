@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib.metadata
 import pkgutil
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 
@@ -35,6 +35,16 @@ def patch_rfdetr(owner: str, name: str, wrap: Callable[[Any], Any]) -> Iterator[
         yield
     finally:
         setattr(target, name, original)
+
+
+@contextmanager
+def patch_rfdetr_all(*patches: tuple[str, str, Callable[[Any], Any]]) -> Iterator[None]:
+    """Within this block every `(owner, name, wrap)` of `patches` is in place, entered in order with `patch_rfdetr`;
+    afterwards all are the originals again. Shown by the same test as `patch_rfdetr`."""
+    with ExitStack() as stack:
+        for owner, name, wrap in patches:
+            stack.enter_context(patch_rfdetr(owner, name, wrap))
+        yield
 
 
 def send_without_waiting(host: Any, device: Any) -> Any:

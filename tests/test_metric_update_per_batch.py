@@ -11,7 +11,7 @@ import torch
 
 from rfdetr_extensions.patches.metric_inputs_in_one_copy import metric_inputs_in_one_copy
 from rfdetr_extensions.patches.metric_update_per_batch import metric_update_per_batch
-from tests.test_validation_metrics import batch, new_metric, targets_as_the_loader_gives_them
+from tests.test_validation_metrics import batch, crowd_regions, new_metric, targets_as_the_loader_gives_them
 
 STATES = (
     "detection_box",
@@ -77,14 +77,10 @@ def test_targets_converted_per_batch_equal_rfdetrs_conversion(device, one_copy):
     Images without boxes, crowd regions for some images, alone and under `metric_inputs_in_one_copy`."""
     from contextlib import ExitStack
 
-    from rfdetr.datasets.coco import CrowdRegion
     from rfdetr.training.callbacks.coco_eval import COCOEvalCallback
 
     callback = COCOEvalCallback.__new__(COCOEvalCallback)  # the conversion reads nothing of the callback's state
-    crowds = {
-        1003: [CrowdRegion(7, (10.5, 20.25, 80.0, 99.75), None)],
-        1008: [CrowdRegion(1, (0.0, 0.0, 5.0, 5.0), None)],
-    }
+    crowds = crowd_regions()
     targets = targets_as_the_loader_gives_them(device)
     rfdetrs = callback._convert_targets(targets, crowd_regions=crowds)
     with ExitStack() as stack:

@@ -253,20 +253,26 @@ def targets_as_the_loader_gives_them(device: str) -> list[dict]:
     return targets
 
 
+def crowd_regions() -> dict:
+    """Crowd regions for two of `targets_as_the_loader_gives_them`'s images, as rfdetr reads COCO's crowds."""
+    from rfdetr.datasets.coco import CrowdRegion
+
+    return {
+        1003: [CrowdRegion(7, (10.5, 20.25, 80.0, 99.75), None)],
+        1008: [CrowdRegion(1, (0.0, 0.0, 5.0, 5.0), None)],
+    }
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_targets_converted_on_the_host_equal_rfdetrs_conversion_on_the_batchs_device(device):
     """rfdetr converts a batch's targets on their device; with `metric_inputs_in_one_copy` they are copied to the host
     first and converted there. Crowd regions are appended for some images, as rfdetr does for COCO's crowds."""
-    from rfdetr.datasets.coco import CrowdRegion
     from rfdetr.training.callbacks.coco_eval import COCOEvalCallback
 
     from rfdetr_extensions.patches.metric_inputs_in_one_copy import metric_inputs_in_one_copy
 
     callback = COCOEvalCallback.__new__(COCOEvalCallback)  # the conversion reads nothing of the callback's state
-    crowds = {
-        1003: [CrowdRegion(7, (10.5, 20.25, 80.0, 99.75), None)],
-        1008: [CrowdRegion(1, (0.0, 0.0, 5.0, 5.0), None)],
-    }
+    crowds = crowd_regions()
     targets = targets_as_the_loader_gives_them(device)
     rfdetrs = callback._convert_targets(targets, crowd_regions=crowds)
     with metric_inputs_in_one_copy():

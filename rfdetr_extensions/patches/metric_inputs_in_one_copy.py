@@ -27,10 +27,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
-from contextlib import AbstractContextManager, ExitStack, contextmanager
+from contextlib import AbstractContextManager
 from typing import Any
 
-from rfdetr_extensions.patching import patch_rfdetr
+from rfdetr_extensions.patching import patch_rfdetr_all
 
 CALLBACK = "rfdetr.training.callbacks.coco_eval:COCOEvalCallback"
 METRIC = "rfdetr.training.coco_map:OnePassCocoMeanAveragePrecision"
@@ -99,15 +99,10 @@ def targets_on_host(original: Callable[..., list[dict[str, Any]]]) -> Callable[.
     return convert_targets
 
 
-@contextmanager
-def _both() -> Any:
-    with ExitStack() as stack:
-        stack.enter_context(patch_rfdetr(CALLBACK, "_convert_preds", preds_on_host))
-        stack.enter_context(patch_rfdetr(CALLBACK, "_convert_targets", targets_on_host))
-        stack.enter_context(patch_rfdetr(METRIC, "merge_distributed_state", merged_from_own_storage))
-        yield
-
-
 def metric_inputs_in_one_copy() -> AbstractContextManager[None]:
     """Within this block, rfdetr's COCO metric callback gets its inputs on the host in one copy per dtype."""
-    return _both()
+    return patch_rfdetr_all(
+        (CALLBACK, "_convert_preds", preds_on_host),
+        (CALLBACK, "_convert_targets", targets_on_host),
+        (METRIC, "merge_distributed_state", merged_from_own_storage),
+    )

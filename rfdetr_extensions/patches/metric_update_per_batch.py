@@ -22,10 +22,10 @@ metrics. Shown by `tests/test_metric_update_per_batch.py` (and, under DDP with `
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager, ExitStack, contextmanager
+from contextlib import AbstractContextManager
 from typing import Any
 
-from rfdetr_extensions.patching import patch_rfdetr
+from rfdetr_extensions.patching import patch_rfdetr_all
 
 CALLBACK = "rfdetr.training.callbacks.coco_eval:COCOEvalCallback"
 METRIC = "rfdetr.training.coco_map:OnePassCocoMeanAveragePrecision"
@@ -150,14 +150,6 @@ def update_per_batch(original: Callable[..., None]) -> Callable[..., None]:
     return update
 
 
-@contextmanager
-def _both() -> Any:
-    with ExitStack() as stack:
-        stack.enter_context(patch_rfdetr(CALLBACK, "_convert_targets", targets_per_batch))
-        stack.enter_context(patch_rfdetr(METRIC, "update", update_per_batch))
-        yield
-
-
 def metric_update_per_batch() -> AbstractContextManager[None]:
     """Within this block a validation batch's boxes reach rfdetr's COCO metric converted once per batch."""
-    return _both()
+    return patch_rfdetr_all((CALLBACK, "_convert_targets", targets_per_batch), (METRIC, "update", update_per_batch))

@@ -21,10 +21,10 @@ tensors). Each name's very first value is read waiting, once. Shown by `tests/te
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from typing import Any
 
-from rfdetr_extensions.patching import patch_rfdetr
+from rfdetr_extensions.patching import patch_rfdetr_all
 
 RESULTS = "pytorch_lightning.trainer.connectors.logger_connector.result"
 
@@ -99,8 +99,9 @@ def _tensors_left_as_they_are(_original: Callable[..., Any]) -> Callable[[Any], 
 @contextmanager
 def progress_bar_without_waiting() -> Iterator[None]:
     """Within this block Lightning's progress bar shows values without waiting for the GPU (see module doc)."""
-    with ExitStack() as stack:
-        # the wrapper must capture Lightning's conversion before the module's name is swapped
-        stack.enter_context(patch_rfdetr(f"{RESULTS}:_ResultCollection", "metrics", metrics_without_waiting))
-        stack.enter_context(patch_rfdetr(RESULTS, "convert_tensors_to_scalars", _tensors_left_as_they_are))
+    # the wrapper must capture Lightning's conversion before the module's name is swapped: entered in this order
+    with patch_rfdetr_all(
+        (f"{RESULTS}:_ResultCollection", "metrics", metrics_without_waiting),
+        (RESULTS, "convert_tensors_to_scalars", _tensors_left_as_they_are),
+    ):
         yield
