@@ -3,6 +3,7 @@
 # usage: bench/gpu_run.sh stock|pipeline|ddp|recompiles|levers|profile|route|validation  (OUT: results folder, default /tmp/bench-out;
 #        N_TRAIN, N_VAL, DETAIL=photo|coco, [DISTINCT_TRAIN]: the synthetic set, bench/synth_coco.py, written to DATA if
 #        it is not there)
+#        stock:  [EPOCHS=2] [LIMIT=540] bench/gpu_run.sh stock  (the notebook's recipe, bench.compare --only stock)
 #        route:  ROUTE=<gpu_profiles row> NAME=<name> [EPOCHS=3] [SHARE_CACHE=1] [TRAIN='<train settings as JSON>']
 #                [COMPILE_WARMUP=1: the compile_warmup rule first] [TRAIN_ONLY=1: no evaluate, export, plot]
 #                bench/gpu_run.sh route
@@ -49,7 +50,8 @@ split_cpus() {
   fi
 }
 case $phase in
-  stock)    CUDA_VISIBLE_DEVICES=0 python3 -m bench.compare --dataset "$DATA" --out /tmp/bench --only stock --stock-epochs 2 ;;
+  stock)    CUDA_VISIBLE_DEVICES=0 timeout -k 30 "${LIMIT:-540}" python3 -m bench.compare --dataset "$DATA" --out /tmp/bench \
+              --only stock --stock-epochs "${EPOCHS:-2}" ;;
   pipeline) CUDA_VISIBLE_DEVICES=0 python3 -m bench.compare --dataset "$DATA" --out /tmp/bench --only pipeline --pipeline-epochs 4 --epochs-per-block 2 ;;
   recompiles)  # stock and pipeline side by side, one GPU each, one epoch, cold caches, recompiles logged
             export TORCH_LOGS=recompiles

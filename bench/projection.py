@@ -20,12 +20,18 @@ the same row on the same set whose caches were empty, or filled by the compile w
 with `SHARE_CACHE=1`, run twice: the first is cold, the second warm). The cold start is the cold run's fixed cost
 less the warm run's, both at the warm run's pace, so the cold run may be one epoch long.
 
+The notebook is projected from bench.compare's stock run the same way, with one difference: it trains every epoch
+in one process, so its fixed cost (the process's wall time, `wall_seconds`, less its epochs at the steady pace: imports,
+datasets, the compile and the eval graph's compile) counts once, and it copies nothing to a RAM disk. A summary's
+run is the notebook's when it has no Snakemake job times.
+
 `--validation` takes the validation time from a `bench.validation` run instead (its validations after the first,
 each of `--val-images` images: COCO's 5,000 measured as they are, rather than scaled from a smaller set). Prints the
 inputs beside the result, as JSON. Arithmetic, not a COCO run: the loader's cost at COCO's image sizes is whatever
 the measured runs' images cost. Tests:
 tests/test_bench.py::test_the_projection_adds_epochs_at_the_measured_rates_and_each_blocks_fixed_cost,
-tests/test_bench.py::test_the_cold_start_is_the_cold_runs_fixed_cost_less_the_warm_runs.
+tests/test_bench.py::test_the_cold_start_is_the_cold_runs_fixed_cost_less_the_warm_runs,
+tests/test_bench.py::test_the_notebook_is_projected_as_one_process_that_pays_its_fixed_cost_once.
 """
 
 from __future__ import annotations
@@ -50,16 +56,30 @@ def steady_rates(run: dict[str, Any], measured_val_images: int) -> tuple[float, 
     return steady, sum(r["val_seconds"] for r in later) / (len(later) * measured_val_images)
 
 
+def is_notebook(run: dict[str, Any]) -> bool:
+    """Whether `run` is bench.compare's stock run (the notebook's recipe in one process), which has no Snakemake
+    job times, rather than the workflow's."""
+    return "job_seconds" not in run and "wall_seconds" in run
+
+
+def job_seconds(run: dict[str, Any]) -> float:
+    """The measured job's wall seconds: the workflow's train job (Snakemake's benchmark of TRAIN_JOB) or the
+    notebook's whole process."""
+    if is_notebook(run):
+        return run["wall_seconds"]
+    if TRAIN_JOB not in run.get("job_seconds", {}):
+        raise ValueError(f"the run has no {TRAIN_JOB} job time: project from a one-block run of bench.compare")
+    return run["job_seconds"][TRAIN_JOB]
+
+
 def block_fixed_seconds(
     run: dict[str, Any], measured_val_images: int, rates: tuple[float, float] | None = None
 ) -> float:
-    """The train job's wall seconds less its epochs at the steady pace (the run's own, or `rates`): what a block
-    costs once, whatever its length."""
-    if TRAIN_JOB not in run.get("job_seconds", {}):
-        raise ValueError(f"the run has no {TRAIN_JOB} job time: project from a one-block run of bench.compare")
+    """The job's wall seconds less its epochs at the steady pace (the run's own, or `rates`): what a block (the
+    notebook: its one process) costs once, whatever its length."""
     steady, val_per_image = rates or steady_rates(run, measured_val_images)
     paced = sum(r["images"] / steady + measured_val_images * val_per_image for r in run["records"])
-    return run["job_seconds"][TRAIN_JOB] - paced
+    return job_seconds(run) - paced
 
 
 def cold_start_seconds(cold: dict[str, Any], warm: dict[str, Any], measured_val_images: int) -> float:
@@ -85,7 +105,8 @@ def project(
     """The projected hours and the measured inputs they come from (see the module's text)."""
     steady, val_per_image = steady_rates(run, measured_val_images)
     block_fixed = block_fixed_seconds(run, measured_val_images)
-    blocks = len(block_ranges(epochs, epochs_per_block))
+    notebook = is_notebook(run)
+    blocks = 1 if notebook else len(block_ranges(epochs, epochs_per_block))
     val_seconds = val_images * val_per_image
     if validation is not None:
         warm = validation["validations"][1:]
@@ -101,7 +122,8 @@ def project(
             "validation_seconds_per_image": round(val_per_image, 5),
             "validation_seconds": round(val_seconds, 2),
             "validation_from": "bench.validation" if validation is not None else "the run, scaled per image",
-            "train_job_seconds": run["job_seconds"][TRAIN_JOB],
+            "measured_job": "the notebook's process" if notebook else TRAIN_JOB,
+            "measured_job_seconds": job_seconds(run),
             "block_fixed_seconds": round(block_fixed, 1),
             "of_which_epoch0_overhead_seconds": run["epoch0_overhead_seconds"],
             "of_which_stage_copy_seconds": copy,

@@ -282,6 +282,32 @@ def test_the_cold_start_is_the_cold_runs_fixed_cost_less_the_warm_runs(tmp_path)
     assert refused.returncode == 2 and "--cold needs --cold-run" in refused.stderr
 
 
+def test_the_notebook_is_projected_as_one_process_that_pays_its_fixed_cost_once(tmp_path):
+    from bench.projection import project
+
+    later = [{"epoch": e, "images": 1000, "train_seconds": 20.0, "val_seconds": 4.0} for e in (1, 2)]
+    first = {"epoch": 0, "images": 1000, "train_seconds": 140.0, "val_seconds": 104.0}
+    stock = {"wall_seconds": 400.0, "epoch0_overhead_seconds": 120.0, "records": [first, *later]}
+    result = project(stock, measured_val_images=100, train_images=2000, val_images=200, epochs=40)
+    inputs = result["inputs"]
+    # one process: 400 s less its three epochs at 20 + 4 s each, counted once, whatever epochs_per_block says
+    assert inputs["blocks"] == 1 and inputs["block_fixed_seconds"] == 328.0
+    assert inputs["measured_job"] == "the notebook's process" and inputs["measured_job_seconds"] == 400.0
+    assert result["epoch_seconds"] == 48.0  # 2000 / 50 + 200 x 0.04
+    assert result["projected_hours"] == round((40 * 48 + 328) / 3600, 2)
+    # the command reads bench.compare's summary, where the stock run sits beside the workflow's
+    (tmp_path / "summary.json").write_text(json.dumps({"stock": stock}))
+    command = [sys.executable, "-m", "bench.projection", str(tmp_path / "summary.json"), "--run", "stock"]
+    printed = subprocess.run(
+        [*command, "--measured-val-images", "100", "--train-images", "2000", "--val-images", "200"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(printed.stdout)["projected_hours"] == result["projected_hours"]
+
+
 @pytest.mark.parametrize(("detail", "low_kb", "high_kb"), [("photo", 55, 90), ("coco", 135, 190)])
 def test_the_synthetic_set_has_the_byte_size_its_detail_promises(tmp_path, detail, low_kb, high_kb):
     from bench.synth_coco import main
