@@ -2,7 +2,7 @@
 
 usage: python -m bench.projection SUMMARY.json --run NAME --measured-val-images N
            [--cold-start-seconds S | --cold COLD_SUMMARY.json --cold-run NAME]
-           [--validation VALIDATION.json] [--train-images 118287] [--val-images 5000] [--epochs 40]
+           [--validation VALIDATION.json|epochs.jsonl] [--train-images 118287] [--val-images 5000] [--epochs 40]
            [--epochs-per-block 10]
 
 The run is one training job (one block) of two or more epochs. From its epochs after the first: training images/s,
@@ -25,13 +25,16 @@ in one process, so its fixed cost (the process's wall time, `wall_seconds`, less
 datasets, the compile and the eval graph's compile) counts once, and it copies nothing to a RAM disk. A summary's
 run is the notebook's when it has no Snakemake job times.
 
-`--validation` takes the validation time from a `bench.validation` run instead (its validations after the first,
-each of `--val-images` images: COCO's 5,000 measured as they are, rather than scaled from a smaller set). Prints the
-inputs beside the result, as JSON. Arithmetic, not a COCO run: the loader's cost at COCO's image sizes is whatever
-the measured runs' images cost. Tests:
+`--validation` takes the validation time from a run that validated `--val-images` images each epoch instead
+(COCO's 5,000 measured as they are, rather than scaled from a smaller set, whose first batch's wait would be scaled
+with it): its validations after the first, from a `bench.validation` output, or from an `epochs.jsonl` of
+`EpochLog` (the notebook's run in bench.compare: its records do not count validation images, so the command line
+vouches for them). Prints the inputs beside the result, as JSON. Arithmetic, not a COCO run: the loader's cost at
+COCO's image sizes is whatever the measured runs' images cost. Tests:
 tests/test_bench.py::test_the_projection_adds_epochs_at_the_measured_rates_and_each_blocks_fixed_cost,
 tests/test_bench.py::test_the_cold_start_is_the_cold_runs_fixed_cost_less_the_warm_runs,
-tests/test_bench.py::test_the_notebook_is_projected_as_one_process_that_pays_its_fixed_cost_once.
+tests/test_bench.py::test_the_notebook_is_projected_as_one_process_that_pays_its_fixed_cost_once,
+tests/test_bench.py::test_a_validation_of_cocos_size_comes_from_bench_validation_or_an_epoch_log.
 """
 
 from __future__ import annotations
@@ -54,6 +57,15 @@ def steady_rates(run: dict[str, Any], measured_val_images: int) -> tuple[float, 
         raise ValueError("the run needs at least two epochs: the first pays the start, the others give the rates")
     steady = sum(r["images"] for r in later) / sum(r["train_seconds"] for r in later)
     return steady, sum(r["val_seconds"] for r in later) / (len(later) * measured_val_images)
+
+
+def read_validation(path: Path) -> dict[str, Any]:
+    """A `--validation` file: a bench.validation output as it is, or an EpochLog
+    `epochs.jsonl`, whose validations are taken to be of `--val-images` images each (marked `images: None`)."""
+    if path.suffix != ".jsonl":
+        return read_json(path)
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return {"validations": [{"images": None, "seconds": r["val_seconds"]} for r in records], "from": "epochs.jsonl"}
 
 
 def is_notebook(run: dict[str, Any]) -> bool:
@@ -110,7 +122,7 @@ def project(
     val_seconds = val_images * val_per_image
     if validation is not None:
         warm = validation["validations"][1:]
-        if not warm or any(record["images"] != val_images for record in warm):
+        if not warm or any(record["images"] not in (val_images, None) for record in warm):
             raise ValueError(f"--validation needs validations after the first, each of {val_images} images")
         val_seconds = sum(record["seconds"] for record in warm) / len(warm)
     epoch_seconds = train_images / steady + val_seconds
@@ -121,7 +133,9 @@ def project(
             "steady_train_images_per_second": round(steady, 1),
             "validation_seconds_per_image": round(val_per_image, 5),
             "validation_seconds": round(val_seconds, 2),
-            "validation_from": "bench.validation" if validation is not None else "the run, scaled per image",
+            "validation_from": validation.get("from", "bench.validation")
+            if validation
+            else "the run, scaled per image",
             "measured_job": "the notebook's process" if notebook else TRAIN_JOB,
             "measured_job_seconds": job_seconds(run),
             "block_fixed_seconds": round(block_fixed, 1),
@@ -147,7 +161,9 @@ def main() -> None:
     cold.add_argument("--cold-start-seconds", type=float, default=0.0)
     cold.add_argument("--cold", type=Path, help="a bench.compare summary.json of the same row's cold run")
     parser.add_argument("--cold-run", help="the cold run's name in --cold")
-    parser.add_argument("--validation", type=Path, help="a bench.validation output of --val-images images")
+    parser.add_argument(
+        "--validation", type=Path, help="validations of --val-images images: bench.validation's output, epochs.jsonl"
+    )
     parser.add_argument("--stage-seconds", type=float, help="the run's copy to the RAM disk (default: its own)")
     parser.add_argument("--train-images", type=int, default=118_287)
     parser.add_argument("--val-images", type=int, default=5_000)
@@ -168,7 +184,7 @@ def main() -> None:
         args.epochs,
         args.epochs_per_block,
         args.cold_start_seconds,
-        read_json(args.validation) if args.validation else None,
+        read_validation(args.validation) if args.validation else None,
         args.stage_seconds,
     )
     if args.cold is not None and "train/compile_warmup" in cold_run["job_seconds"]:

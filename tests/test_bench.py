@@ -308,6 +308,26 @@ def test_the_notebook_is_projected_as_one_process_that_pays_its_fixed_cost_once(
     assert json.loads(printed.stdout)["projected_hours"] == result["projected_hours"]
 
 
+def test_a_validation_of_cocos_size_comes_from_bench_validation_or_an_epoch_log(tmp_path):
+    from bench.projection import project, read_validation
+
+    later = [{"epoch": e, "images": 1000, "train_seconds": 20.0, "val_seconds": 4.0} for e in (1, 2)]
+    stock = {"wall_seconds": 400.0, "epoch0_overhead_seconds": 120.0, "records": [{**later[0], "epoch": 0}, *later]}
+    # the notebook's EpochLog of a run on a set of 5,000 validation images: its first validation compiles
+    epochs = tmp_path / "epochs.jsonl"
+    epochs.write_text("".join(json.dumps({"epoch": e, "val_seconds": s}) + "\n" for e, s in enumerate([130, 15, 14])))
+    validation = read_validation(epochs)
+    result = project(stock, measured_val_images=100, train_images=2000, val_images=5000, validation=validation)
+    assert result["inputs"]["validation_seconds"] == 14.5 and result["inputs"]["validation_from"] == "epochs.jsonl"
+    assert result["epoch_seconds"] == 2000 / 50 + 14.5
+    # bench.validation's output counts its images, and a set of another size is refused
+    measured = tmp_path / "validation.json"
+    measured.write_text(json.dumps({"validations": [{"images": 500, "seconds": s} for s in (9.0, 1.0, 2.0)]}))
+    with pytest.raises(ValueError, match="each of 5000 images"):
+        project(stock, 100, 2000, 5000, validation=read_validation(measured))
+    assert project(stock, 100, 2000, 500, validation=read_validation(measured))["inputs"]["validation_seconds"] == 1.5
+
+
 @pytest.mark.parametrize(("detail", "low_kb", "high_kb"), [("photo", 55, 90), ("coco", 135, 190)])
 def test_the_synthetic_set_has_the_byte_size_its_detail_promises(tmp_path, detail, low_kb, high_kb):
     from bench.synth_coco import main
