@@ -163,7 +163,8 @@ def test_without_speedups_the_train_rule_gives_the_notebooks_losses(
     uninterrupted_run_without_speedups, tiny_dataset, tmp_path
 ):
     """train.speedups: none is the notebook's training call: bench/stock_recipe.py, run on the same tiny set with the
-    train rule's batch, resolution and loader workers, gives the same loss at every step."""
+    train rule's batch, resolution and loader workers, gives the same loss at every step, from the same random
+    numbers."""
     workdir = uninterrupted_run_without_speedups
     run = json.loads((workdir / "results" / "train" / "block_01" / "run.json").read_text())
     assert run["speedups"] == [] and set(run["speedups_left_off"]) == set(NAMES)
@@ -175,6 +176,9 @@ def test_without_speedups_the_train_rule_gives_the_notebooks_losses(
     workflow = json.loads((workdir / "results" / "train" / "block_01" / "epochs.json").read_text())
     assert [r["lr"] for r in records] == [r["lr"] for r in workflow]
     assert [r["loss"] for r in records] == [r["loss"] for r in workflow] and len(records[0]["loss"]) == 5
+    # and draws the same random numbers: the generators' states agree at every epoch's start
+    assert [r["rng_digests"] for r in records] == [r["rng_digests"] for r in workflow]
+    assert records[0]["rng_digests"] != records[1]["rng_digests"]  # an epoch draws random numbers: the digest moves
 
 
 def test_a_connection_dropped_mid_archive_refetches_only_the_rest_of_that_archive(workdir, server, archives):

@@ -3,16 +3,20 @@
 `EpochLog` writes one record per epoch (rank 0 only) to the file it is given: train and validation seconds, images
 and images/s, the host's wait for data and for the first batch, where the validation's time went (its loader's first
 batch, its batches, its end: the COCO metric and the F1 sweep), torch.compile's cache lookups (a cold cache shows
-misses: graphs compiled in this epoch), peak GPU memory, full garbage collections and the objects frozen
-(`gc_freeze`), and, per step, the learning rate, the training loss and (on a GPU) the step's duration
-on the GPU's own clock. Losses stay on the device until the epoch ends and step ends are CUDA events read then, so
-recording them adds no wait for the GPU. The workflow's train stage and `bench.stock_recipe` both use it, so their
-records compare one to one. Shown by `tests/test_pipeline.py` (CPU) and `tests/test_gpu.py` (GPU).
+misses: graphs compiled in this epoch), a digest of torch's random number generators at the epoch's start (two runs
+of one seed whose digests part drew different random numbers before that epoch, its loader's worker seeds among
+them), peak GPU memory, full garbage collections and the objects frozen (`gc_freeze`), and, per step, the learning
+rate, the training loss and (on a GPU) the step's duration on the GPU's own clock. Losses stay on the device until
+the epoch ends and step ends are CUDA events read then, so recording them adds no wait for the GPU. The workflow's
+train stage and `bench.stock_recipe` both use it, so their records compare one to one. Shown by
+`tests/test_pipeline.py` (CPU; the digests: `test_without_speedups_the_train_rule_gives_the_notebooks_losses`) and
+`tests/test_gpu.py` (GPU).
 """
 
 from __future__ import annotations
 
 import gc
+import hashlib
 import itertools
 import json
 import logging
@@ -47,6 +51,15 @@ def compile_cache_counts() -> dict[str, int]:
     }
 
 
+def rng_digests() -> dict[str, str]:
+    """Short digests of torch's CPU generator and, on a GPU, the current device's: equal states, equal digests.
+    Reading the states queues nothing on the GPU."""
+    states = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state()
+    return {name: hashlib.sha1(state.numpy().tobytes()).hexdigest()[:12] for name, state in states.items()}
+
+
 class EpochLog(pl.Callback):
     """Appends one JSON record per epoch to `path` (see the module's text)."""
 
@@ -63,6 +76,7 @@ class EpochLog(pl.Callback):
     def on_train_epoch_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
         sync()
         self.record: dict[str, Any] = {"epoch": trainer.current_epoch, "images": 0, "lr": []}
+        self.record["rng_digests"] = rng_digests()
         self.losses: list[Any] = []
         # An event on the GPU's stream at each step's end: the steps' durations on the GPU's own clock, read
         # once the epoch ends, so timing a step costs no wait.
