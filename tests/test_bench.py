@@ -73,6 +73,25 @@ def test_every_pair_of_runs_across_calls_gets_its_loss_difference_and_its_kind()
     assert rows[("callB-summary/stock", "callB-summary/lever")]["mean_abs_difference"] == 0.75
     first_step_only = {tuple(row["pair"]): row for row in loss_pairs(runs, first_steps=1)}
     assert first_step_only[("callB-summary/stock", "callB-summary/lever")]["mean_abs_difference"] == 1.0
+    assert all("random_numbers_part_at_epoch" not in row for row in rows.values())  # runs logged without digests
+
+
+def test_a_pair_says_from_which_epoch_its_runs_drew_other_random_numbers():
+    from bench.loss_pairs import loss_pairs
+    from bench.side_by_side import named_runs
+
+    def digested(*digests: str) -> dict:  # one epoch of one step per digest, each starting in that state
+        logged = run(300.0, [10.0], batch=128)
+        logged["records"] = [
+            {"epoch": epoch, "images": 128, "loss": [10.0], "rng_digests": {"cpu": digest}}
+            for epoch, digest in enumerate(digests)
+        ]
+        return logged
+
+    runs = named_runs({"call": {"stock": digested("a", "b"), "warm": digested("a", "b"), "cold": digested("a", "c")}})
+    parts = {tuple(row["pair"]): row["random_numbers_part_at_epoch"] for row in loss_pairs(runs)}
+    assert parts[("call/stock", "call/warm")] is None
+    assert parts[("call/stock", "call/cold")] == parts[("call/warm", "call/cold")] == 1
 
 
 def test_without_a_stock_run_it_says_what_to_run_first():
