@@ -301,12 +301,17 @@ def test_the_cold_start_is_the_cold_runs_fixed_cost_less_the_warm_runs(tmp_path)
     assert refused.returncode == 2 and "--cold needs --cold-run" in refused.stderr
 
 
+def notebook_run() -> dict:
+    """bench.compare's stock run of three epochs: 1,000 images each, the later ones in 20 s and validated in 4 s."""
+    later = [{"epoch": e, "images": 1000, "train_seconds": 20.0, "val_seconds": 4.0} for e in (1, 2)]
+    first = {"epoch": 0, "images": 1000, "train_seconds": 140.0, "val_seconds": 104.0}
+    return {"wall_seconds": 400.0, "epoch0_overhead_seconds": 120.0, "records": [first, *later]}
+
+
 def test_the_notebook_is_projected_as_one_process_that_pays_its_fixed_cost_once(tmp_path):
     from bench.projection import project
 
-    later = [{"epoch": e, "images": 1000, "train_seconds": 20.0, "val_seconds": 4.0} for e in (1, 2)]
-    first = {"epoch": 0, "images": 1000, "train_seconds": 140.0, "val_seconds": 104.0}
-    stock = {"wall_seconds": 400.0, "epoch0_overhead_seconds": 120.0, "records": [first, *later]}
+    stock = notebook_run()
     result = project(stock, measured_val_images=100, train_images=2000, val_images=200, epochs=40)
     inputs = result["inputs"]
     # one process: 400 s less its three epochs at 20 + 4 s each, counted once, whatever epochs_per_block says
@@ -330,8 +335,7 @@ def test_the_notebook_is_projected_as_one_process_that_pays_its_fixed_cost_once(
 def test_a_validation_of_cocos_size_comes_from_bench_validation_or_an_epoch_log(tmp_path):
     from bench.projection import project, read_validation
 
-    later = [{"epoch": e, "images": 1000, "train_seconds": 20.0, "val_seconds": 4.0} for e in (1, 2)]
-    stock = {"wall_seconds": 400.0, "epoch0_overhead_seconds": 120.0, "records": [{**later[0], "epoch": 0}, *later]}
+    stock = notebook_run()
     # the notebook's EpochLog of a run on a set of 5,000 validation images: its first validation compiles
     epochs = tmp_path / "epochs.jsonl"
     epochs.write_text("".join(json.dumps({"epoch": e, "val_seconds": s}) + "\n" for e, s in enumerate([130, 15, 14])))
