@@ -1,7 +1,9 @@
 """How many images per second rfdetr's own data loader delivers (training, or a validation pass), with no model.
 
 usage: python -m bench.loader --dataset DIR [--batch 128] [--workers 16] [--waves 3] [--prefetch 2] [--images-as-bytes]
-       python -m bench.loader --dataset DIR --one-process [--images-as-bytes]   (ms per image, no workers)
+           [--tensor-resize]
+       python -m bench.loader --dataset DIR --one-process [--images-as-bytes] [--tensor-resize]   (ms per image, no
+           workers)
        python -m bench.loader --dataset DIR --split val [--batch 125] [--workers 16] [--images-as-bytes]
            (a whole pass over the validation set from a fresh loader, as a validation without
            validation_loader_ahead starts it: the least time the loader lets a validation take)
@@ -9,6 +11,11 @@ usage: python -m bench.loader --dataset DIR [--batch 128] [--workers 16] [--wave
 Builds the training DataLoader exactly as rfdetr 1.11.2's `train()` does for the workflow's recipe (COCO layout,
 384 px, square resize, no multi-scale) and times whole batches after a warm-up, pinned memory included. If this
 rate is far above the training rate, the loader is not what holds training back.
+
+`--tensor-resize` measures a candidate, not a speedup of the train stage: each training image enters rfdetr's
+transforms as a uint8 tensor (channels last) instead of a Pillow image, so torchvision resizes it with torch's uint8
+kernel instead of Pillow's. The boxes stay rfdetr's, the pixels do not: they differ from Pillow's by up to 2 levels
+(`tests/test_bench.py::test_tensor_resize_keeps_rfdetrs_boxes_and_its_pixels_within_two_levels`).
 """
 
 from __future__ import annotations
@@ -56,9 +63,33 @@ def recipe_data(
     return data
 
 
-def milliseconds_per_image(dataset: str, images: int = 200) -> dict[str, float]:
+class TensorImageFirst:
+    """rfdetr's training transforms, given the decoded image as a channels-last uint8 tensor instead of a Pillow
+    image (after rfdetr's `ConvertCoco`, which reads the Pillow image's size)."""
+
+    def __init__(self, transforms: Any) -> None:
+        self.transforms = transforms
+
+    def __call__(self, image: Any, target: Any) -> Any:
+        import numpy as np
+        import torch
+        from torchvision import tv_tensors
+
+        return self.transforms(tv_tensors.Image(torch.from_numpy(np.array(image)).permute(2, 0, 1)), target)
+
+
+def resize_tensors(data: Any) -> None:
+    """Make `data`'s training set hand its transforms tensors (`TensorImageFirst`)."""
+    dataset = data._dataset_train
+    dataset._transforms = TensorImageFirst(dataset._transforms)
+
+
+def milliseconds_per_image(dataset: str, images: int = 200, tensor_resize: bool = False) -> dict[str, float]:
     """One process, no workers: the milliseconds one training image takes to read, decode and augment."""
-    samples = recipe_data(dataset, 1, 0).train_dataloader().dataset
+    data = recipe_data(dataset, 1, 0)
+    if tensor_resize:
+        resize_tensors(data)
+    samples = data.train_dataloader().dataset
     for index in range(10):  # warm-up: imports, first allocations
         samples[index]
     started = time.perf_counter()
@@ -68,11 +99,19 @@ def milliseconds_per_image(dataset: str, images: int = 200) -> dict[str, float]:
 
 
 def loader_images_per_second(
-    dataset: str, batch: int, workers: int, waves: int = 3, prefetch: int | None = None, resolution: int = 384
+    dataset: str,
+    batch: int,
+    workers: int,
+    waves: int = 3,
+    prefetch: int | None = None,
+    resolution: int = 384,
+    tensor_resize: bool = False,
 ) -> dict[str, float]:
     """Images/s of rfdetr's training DataLoader once all its workers are busy (the set must hold
     `workers * (waves + 1)` batches)."""
     data = recipe_data(dataset, batch, workers, prefetch, resolution)
+    if tensor_resize:
+        resize_tensors(data)
     # Every worker builds whole batches, so batches arrive in waves of `workers`: time from the end of the first
     # wave, when every worker is busy, over whole further waves.
     batches_seen, images, started = 0, 0, 0.0
@@ -129,6 +168,9 @@ def main() -> None:
         "--images-as-bytes", action="store_true", help="as the train stage: the images_as_bytes speedup"
     )
     parser.add_argument("--one-process", action="store_true", help="milliseconds per image, without workers")
+    parser.add_argument(
+        "--tensor-resize", action="store_true", help="training images resized as uint8 tensors (a candidate, above)"
+    )
     args = parser.parse_args()
     as_bytes = validation_images_as_bytes if args.split == "val" else images_as_bytes
     # rfdetr's and pycocotools' messages go to stderr, so that stdout is the JSON result alone
@@ -136,11 +178,18 @@ def main() -> None:
         if args.split == "val":
             result = validation_pass(args.dataset, args.batch or 125, args.workers, args.prefetch)
         elif args.one_process:
-            result = milliseconds_per_image(args.dataset)
+            result = milliseconds_per_image(args.dataset, tensor_resize=args.tensor_resize)
         else:
             batch = args.batch or 128
-            result = loader_images_per_second(args.dataset, batch, args.workers, args.waves, args.prefetch)
-    print(json.dumps({**result, "images_as_bytes": args.images_as_bytes, "cpus": len(os.sched_getaffinity(0))}))
+            result = loader_images_per_second(
+                args.dataset, batch, args.workers, args.waves, args.prefetch, tensor_resize=args.tensor_resize
+            )
+    cpus = len(os.sched_getaffinity(0))
+    print(
+        json.dumps(
+            {**result, "images_as_bytes": args.images_as_bytes, "tensor_resize": args.tensor_resize, "cpus": cpus}
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -490,3 +490,38 @@ def test_the_validation_loader_pass_delivers_every_validation_image_as_the_train
         assert result["images_per_second"] == pytest.approx(val_images / result["seconds"], rel=0.1)
     # what crossed from the workers: uint8 as the train stage sends validation images, float32 as rfdetr does
     assert passes[True]["image_dtype"] == "torch.uint8" and passes[False]["image_dtype"] == "torch.float32"
+
+
+def test_tensor_resize_keeps_rfdetrs_boxes_and_its_pixels_within_two_levels(tmp_path):
+    import random
+
+    import torch
+
+    from bench.loader import recipe_data, resize_tensors
+    from rfdetr_extensions.patches.images_as_bytes import images_as_bytes
+
+    subprocess.run(
+        [sys.executable, "bench/synth_coco.py", str(tmp_path / "coco"), "6", "1", "--detail", "coco"],
+        check=True,
+        capture_output=True,
+    )
+    samples = {}
+    with images_as_bytes():
+        for tensors in (False, True):
+            data = recipe_data(str(tmp_path / "coco"), 2, 0)
+            if tensors:
+                resize_tensors(data)
+            dataset = data.train_dataloader().dataset
+            samples[tensors] = []
+            for index in range(6):
+                random.seed(index)  # the same augmentation draws for both
+                torch.manual_seed(index)
+                samples[tensors].append(dataset[index])
+    largest = 0
+    for (pillow_image, pillow_target), (tensor_image, tensor_target) in zip(samples[False], samples[True], strict=True):
+        assert pillow_image.dtype == tensor_image.dtype == torch.uint8
+        assert pillow_image.shape == tensor_image.shape
+        assert torch.equal(pillow_target["boxes"], tensor_target["boxes"])
+        largest = max(largest, (pillow_image.int() - tensor_image.int()).abs().max().item())
+    # torch's uint8 resize is not Pillow's: its pixels differ, by 2 levels at most
+    assert 1 <= largest <= 2
