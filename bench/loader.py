@@ -75,6 +75,7 @@ class TensorImageFirst:
         import torch
         from torchvision import tv_tensors
 
+        # a view with channels last: torch's uint8 antialiased resize is fastest in that layout
         return self.transforms(tv_tensors.Image(torch.from_numpy(np.array(image)).permute(2, 0, 1)), target)
 
 
