@@ -1,7 +1,7 @@
 """Per-step loss differences between every pair of runs, across calls: is a lever's drift from the stock recipe
 larger than two stock runs drift from each other?
 
-usage: python -m bench.loss_pairs [--first-steps N] SUMMARY.json [SUMMARY.json ...]
+usage: python -m bench.loss_pairs [--first-steps N] [--by-kind] SUMMARY.json [SUMMARY.json ...]
 
 Each summary is a `bench.compare` summary.json (copied out of its call under any name); every run in it is named
 <file stem>/<run>. All runs must have the same seed, data and batch, so that step i saw the same images in each.
@@ -9,9 +9,14 @@ Prints, for every pair, the mean and largest absolute difference of the per-step
 the last 20 steps of both, and the pairs' kind: stock-stock pairs are the recipe's run-to-run noise. Where both
 runs' epoch records carry `EpochLog`'s `rng_digests`, also the first epoch at whose start they differ
 (`random_numbers_part_at_epoch`, None: the same random numbers throughout): from there the runs saw different random
-draws (the loader's worker seeds among them), not only different arithmetic. Tests:
+draws (the loader's worker seeds among them), not only different arithmetic.
+
+`--by-kind` prints, instead of every pair, the pairs grouped by the kinds of their two runs, a run's kind being its
+name's leading lower-case letters (`stock2` and `stock` are stock, `coldD` is cold): for each group the number of
+pairs and the least, largest and mean relative difference in per cent, and each kind's last-20-step means. Tests:
 tests/test_bench.py::test_every_pair_of_runs_across_calls_gets_its_loss_difference_and_its_kind,
-tests/test_bench.py::test_a_pair_says_from_which_epoch_its_runs_drew_other_random_numbers.
+tests/test_bench.py::test_a_pair_says_from_which_epoch_its_runs_drew_other_random_numbers,
+tests/test_bench.py::test_pairs_grouped_by_kind_give_each_groups_spread_and_each_kinds_last_losses.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -53,13 +59,46 @@ def loss_pairs(runs: dict[str, dict[str, Any]], first_steps: int | None = None) 
     return sorted(rows, key=lambda row: (row["kind"], row.get("mean_abs_difference", 0)))
 
 
+def run_kind(name: str) -> str:
+    """A run's kind: the leading lower-case letters of its run name (`call4-summary-stock2/stock2` is stock)."""
+    run = name.rsplit("/", 1)[-1]
+    return re.match(r"[a-z]*", run).group() or run
+
+
+def by_kind(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """`loss_pairs`' rows grouped by the kinds of their two runs: each group's count and the least, largest and mean
+    relative difference (per cent), and each kind's runs' last-20-step means."""
+    groups: dict[str, list[float]] = {}
+    last_losses: dict[str, dict[str, float]] = {}
+    for row in rows:
+        if "mean_abs_difference_relative" not in row:  # a pair without a step in common
+            continue
+        kinds = sorted(run_kind(name) for name in row["pair"])
+        groups.setdefault(" / ".join(kinds), []).append(100 * row["mean_abs_difference_relative"])
+        for name, last in zip(row["pair"], row.get("last_20_steps_mean") or (), strict=False):
+            last_losses.setdefault(run_kind(name), {})[name] = last
+    return {
+        "pairs": {
+            group: {
+                "pairs": len(values),
+                "least_percent": round(min(values), 2),
+                "largest_percent": round(max(values), 2),
+                "mean_percent": round(sum(values) / len(values), 2),
+            }
+            for group, values in sorted(groups.items())
+        },
+        "last_20_steps_mean": {kind: dict(sorted(runs.items())) for kind, runs in sorted(last_losses.items())},
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--first-steps", type=int, help="only the first N steps of each run")
+    parser.add_argument("--by-kind", action="store_true", help="the pairs grouped by their runs' kinds (above)")
     parser.add_argument("summaries", nargs="+", type=Path)
     args = parser.parse_args()
     rows = loss_pairs(named_runs({path.stem: read_json(path) for path in args.summaries}), args.first_steps)
-    print(json.dumps(rows, indent=1))
+    print(json.dumps(by_kind(rows) if args.by_kind else rows, indent=1))
 
 
 if __name__ == "__main__":

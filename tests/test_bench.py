@@ -76,6 +76,38 @@ def test_every_pair_of_runs_across_calls_gets_its_loss_difference_and_its_kind()
     assert all("random_numbers_part_at_epoch" not in row for row in rows.values())  # runs logged without digests
 
 
+def test_pairs_grouped_by_kind_give_each_groups_spread_and_each_kinds_last_losses(tmp_path, monkeypatch, capsys):
+    from bench.loss_pairs import main
+
+    def steps(loss: float) -> dict:
+        return run(300.0, [loss] * 20, batch=128)
+
+    summaries = {
+        "call1-summary-stock": {"stock": steps(10.0)},
+        "call4-summary-stock2": {"stock2": steps(10.1)},  # stock2 is a stock run
+        "summary-coldD": {"coldD": steps(10.2)},
+        "summary-coldE": {"coldE": steps(10.4)},
+        "summary-warmD": {"warmD": steps(10.0)},
+    }
+    for stem, summary in summaries.items():
+        (tmp_path / f"{stem}.json").write_text(json.dumps(summary))
+    args = ["bench.loss_pairs", "--by-kind", *(str(tmp_path / f"{stem}.json") for stem in summaries)]
+    monkeypatch.setattr(sys, "argv", args)
+    main()
+    grouped = json.loads(capsys.readouterr().out)
+    pairs = grouped["pairs"]
+    assert set(pairs) == {"stock / stock", "cold / cold", "cold / stock", "cold / warm", "stock / warm"}
+    # two stock runs 0.1 apart on a loss of 10: 1 %; the cold runs 0.2 apart on 10.2 (the pair's first run)
+    assert pairs["stock / stock"] == {"pairs": 1, "least_percent": 1.0, "largest_percent": 1.0, "mean_percent": 1.0}
+    assert pairs["cold / cold"]["pairs"] == 1 and pairs["cold / cold"]["mean_percent"] == pytest.approx(1.96, abs=0.01)
+    # each cold run against each stock run: 4 pairs, from 0.1 (10.1 vs 10.2) to 0.4 (10.0 vs 10.4) apart
+    cold_stock = pairs["cold / stock"]
+    assert cold_stock["pairs"] == 4 and cold_stock["least_percent"] < cold_stock["mean_percent"]
+    assert cold_stock["mean_percent"] < cold_stock["largest_percent"]
+    assert grouped["last_20_steps_mean"]["cold"] == {"summary-coldD/coldD": 10.2, "summary-coldE/coldE": 10.4}
+    assert set(grouped["last_20_steps_mean"]) == {"stock", "cold", "warm"}
+
+
 def test_a_pair_says_from_which_epoch_its_runs_drew_other_random_numbers():
     from bench.loss_pairs import loss_pairs
     from bench.side_by_side import named_runs
