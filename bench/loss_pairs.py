@@ -46,7 +46,7 @@ def loss_pairs(runs: dict[str, dict[str, Any]], first_steps: int | None = None) 
     the first `first_steps` steps (None: every step both made)."""
     rows = []
     for first, second in itertools.combinations(runs, 2):
-        stock = sum(name.endswith("/stock") for name in (first, second))
+        stock = sum(run_kind(name) == "stock" for name in (first, second))
         kind = {2: "stock-stock", 1: "stock-other", 0: "other-other"}[stock]
         row = {
             "pair": [first, second],
