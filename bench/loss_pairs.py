@@ -13,7 +13,9 @@ draws (the loader's worker seeds among them), not only different arithmetic.
 
 `--by-kind` prints, instead of every pair, the pairs grouped by the kinds of their two runs, a run's kind being its
 name's leading lower-case letters (`stock2` and `stock` are stock, `coldD` is cold): for each group the number of
-pairs and the least, largest and mean relative difference in per cent, and each kind's last-20-step means. Tests:
+pairs and the least, largest and mean relative difference in per cent, each kind's last-20-step means, each
+kind's mean and standard deviation of them, and each run's mean difference from the stock runs (for a stock run,
+from the other stock runs). Tests:
 tests/test_bench.py::test_every_pair_of_runs_across_calls_gets_its_loss_difference_and_its_kind,
 tests/test_bench.py::test_a_pair_says_from_which_epoch_its_runs_drew_other_random_numbers,
 tests/test_bench.py::test_pairs_grouped_by_kind_give_each_groups_spread_and_each_kinds_last_losses.
@@ -25,6 +27,7 @@ import argparse
 import itertools
 import json
 import re
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -67,14 +70,21 @@ def run_kind(name: str) -> str:
 
 def by_kind(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """`loss_pairs`' rows grouped by the kinds of their two runs: each group's count and the least, largest and mean
-    relative difference (per cent), and each kind's runs' last-20-step means."""
+    relative difference (per cent), each kind's runs' last-20-step means, and per kind the mean and standard
+    deviation of those means (does one kind end higher than another by more than its runs spread?), and each run's
+    mean difference from the stock runs (a stock run's from the other stock runs: how far the recipe's own runs lie
+    from each other)."""
     groups: dict[str, list[float]] = {}
     last_losses: dict[str, dict[str, float]] = {}
+    to_stock: dict[str, list[float]] = {}  # each run's differences from the stock runs (but itself)
     for row in rows:
         if "mean_abs_difference_relative" not in row:  # a pair without a step in common
             continue
         kinds = sorted(run_kind(name) for name in row["pair"])
         groups.setdefault(" / ".join(kinds), []).append(100 * row["mean_abs_difference_relative"])
+        for name, other in (row["pair"], row["pair"][::-1]):
+            if run_kind(other) == "stock":
+                to_stock.setdefault(name, []).append(100 * row["mean_abs_difference_relative"])
         for name, last in zip(row["pair"], row.get("last_20_steps_mean") or (), strict=False):
             last_losses.setdefault(run_kind(name), {})[name] = last
     return {
@@ -88,6 +98,19 @@ def by_kind(rows: list[dict[str, Any]]) -> dict[str, Any]:
             for group, values in sorted(groups.items())
         },
         "last_20_steps_mean": {kind: dict(sorted(runs.items())) for kind, runs in sorted(last_losses.items())},
+        "last_20_steps_mean_by_kind": {
+            kind: {
+                "runs": len(runs),
+                "mean": round(statistics.fmean(runs.values()), 4),
+                "sd": round(statistics.stdev(runs.values()), 4) if len(runs) > 1 else None,
+            }
+            for kind, runs in sorted(last_losses.items())
+        },
+        "mean_percent_to_the_stock_runs": dict(  # nearest first
+            sorted(
+                ((name, round(statistics.fmean(values), 3)) for name, values in to_stock.items()), key=lambda kv: kv[1]
+            )
+        ),
     }
 
 

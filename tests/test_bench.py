@@ -106,6 +106,14 @@ def test_pairs_grouped_by_kind_give_each_groups_spread_and_each_kinds_last_losse
     assert cold_stock["mean_percent"] < cold_stock["largest_percent"]
     assert grouped["last_20_steps_mean"]["cold"] == {"summary-coldD/coldD": 10.2, "summary-coldE/coldE": 10.4}
     assert set(grouped["last_20_steps_mean"]) == {"stock", "cold", "warm"}
+    # the cold runs end at 10.2 and 10.4: their mean 10.3, their standard deviation 0.1414; one warm run has none
+    assert grouped["last_20_steps_mean_by_kind"]["cold"] == {"runs": 2, "mean": 10.3, "sd": 0.1414}
+    assert grouped["last_20_steps_mean_by_kind"]["warm"] == {"runs": 1, "mean": 10.0, "sd": None}
+    # each run's mean difference from the stock runs, nearest first; a stock run's from the other stock run only
+    to_stock = grouped["mean_percent_to_the_stock_runs"]
+    assert list(to_stock)[0] == "summary-warmD/warmD" and list(to_stock)[-1] == "summary-coldE/coldE"
+    assert to_stock["call1-summary-stock/stock"] == pytest.approx(1.0, abs=0.01)  # 10.0 vs 10.1 only
+    assert to_stock["summary-warmD/warmD"] == pytest.approx((0.0 + 1.0) / 2, abs=0.01)  # 10.0 vs 10.0 and vs 10.1
 
 
 def test_a_pair_says_from_which_epoch_its_runs_drew_other_random_numbers():
