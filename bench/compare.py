@@ -93,7 +93,12 @@ def run_stock(dataset: Path, out: Path, epochs: int, batch: int) -> dict[str, An
     }
     command = [sys.executable, "-m", "bench.stock_recipe", "--dataset", str(dataset), "--output", str(out)]
     wall = run_logged(command + ["--epochs", str(epochs), "--batch", str(batch)], out / "stock.log", env)
-    records = [json.loads(line) for line in (out / "epochs.jsonl").read_text().splitlines()]
+    return stock_summary(out / "epochs.jsonl", wall)
+
+
+def stock_summary(epochs_jsonl: Path, wall: float | None) -> dict[str, Any]:
+    """A stock run's summary from its EpochLog `epochs.jsonl` (wall: the process's seconds, None when unknown)."""
+    records = [json.loads(line) for line in epochs_jsonl.read_text().splitlines()]
     return {"wall_seconds": wall, **summarize(records), "records": records}
 
 

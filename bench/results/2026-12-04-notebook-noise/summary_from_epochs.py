@@ -9,9 +9,6 @@ import json
 import sys
 from pathlib import Path
 
-from bench.compare import summarize
+from bench.compare import stock_summary
 
-records = [json.loads(line) for line in Path(sys.argv[1]).read_text().splitlines()]
-Path(sys.argv[2]).write_text(
-    json.dumps({"stock": {"wall_seconds": None, **summarize(records), "records": records}}, indent=2)
-)
+Path(sys.argv[2]).write_text(json.dumps({"stock": stock_summary(Path(sys.argv[1]), None)}, indent=2))
