@@ -15,10 +15,12 @@ draws (the loader's worker seeds among them), not only different arithmetic.
 name's leading lower-case letters (`stock2` and `stock` are stock, `coldD` is cold): for each group the number of
 pairs and the least, largest and mean relative difference in per cent, each kind's last-20-step means, each
 kind's mean and standard deviation of them, and each run's mean difference from the stock runs (for a stock run,
-from the other stock runs). Tests:
+from the other stock runs); and each run's signed difference from the stock runs' mean, epoch by epoch, with each
+kind's last-epoch spread of it (`epoch_drift`: do a kind's runs end above the recipe's?). Tests:
 tests/test_bench.py::test_every_pair_of_runs_across_calls_gets_its_loss_difference_and_its_kind,
 tests/test_bench.py::test_a_pair_says_from_which_epoch_its_runs_drew_other_random_numbers,
-tests/test_bench.py::test_pairs_grouped_by_kind_give_each_groups_spread_and_each_kinds_last_losses.
+tests/test_bench.py::test_pairs_grouped_by_kind_give_each_groups_spread_and_each_kinds_last_losses,
+tests/test_bench.py::test_each_runs_signed_drift_from_the_stock_runs_is_given_epoch_by_epoch.
 """
 
 from __future__ import annotations
@@ -114,14 +116,56 @@ def by_kind(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def epoch_drift(runs: dict[str, dict[str, Any]], first_steps: int | None = None) -> dict[str, Any]:
+    """Each run's signed mean relative difference (per cent) of its per-step losses from the mean of the stock runs'
+    (a stock run's: from the other stock runs' mean), epoch by epoch over the first `first_steps` steps, and per kind
+    the last epoch's figures: positive where a run's losses lie above the recipe's runs', and from which epoch. Runs
+    whose spread (`by_kind`) is wider than the stock runs' may lie above and below them alike, or mostly above."""
+    stock = [name for name in runs if run_kind(name) == "stock"]
+    drift: dict[str, list[float]] = {}
+    for name, run in runs.items():
+        others = [step_losses(runs[other])[:first_steps] for other in stock if other != name]
+        if not others:
+            continue
+        losses = step_losses(run)[:first_steps]
+        steps = min(len(losses), *(len(other) for other in others))
+        reference = [statistics.fmean(other[step] for other in others) for step in range(steps)]
+        per_epoch, start = [], 0
+        for record in run["records"]:
+            end = min(start + len(record.get("loss", [])), steps)
+            if end > start:
+                relative = ((losses[step] - reference[step]) / reference[step] for step in range(start, end))
+                per_epoch.append(round(100 * statistics.fmean(relative), 3))
+            start += len(record.get("loss", []))
+        drift[name] = per_epoch
+    last: dict[str, list[float]] = {}
+    for name, per_epoch in drift.items():
+        if per_epoch:
+            last.setdefault(run_kind(name), []).append(per_epoch[-1])
+    return {
+        "epoch_drift_from_stock_percent": drift,
+        "last_epoch_drift_by_kind": {
+            kind: {
+                "runs": len(values),
+                "least": min(values),
+                "largest": max(values),
+                "mean": round(statistics.fmean(values), 3),
+                "sd": round(statistics.stdev(values), 3) if len(values) > 1 else None,
+            }
+            for kind, values in sorted(last.items())
+        },
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--first-steps", type=int, help="only the first N steps of each run")
     parser.add_argument("--by-kind", action="store_true", help="the pairs grouped by their runs' kinds (above)")
     parser.add_argument("summaries", nargs="+", type=Path)
     args = parser.parse_args()
-    rows = loss_pairs(named_runs({path.stem: read_json(path) for path in args.summaries}), args.first_steps)
-    print(json.dumps(by_kind(rows) if args.by_kind else rows, indent=1))
+    runs = named_runs({path.stem: read_json(path) for path in args.summaries})
+    rows = loss_pairs(runs, args.first_steps)
+    print(json.dumps({**by_kind(rows), **epoch_drift(runs, args.first_steps)} if args.by_kind else rows, indent=1))
 
 
 if __name__ == "__main__":

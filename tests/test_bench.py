@@ -114,6 +114,45 @@ def test_pairs_grouped_by_kind_give_each_groups_spread_and_each_kinds_last_losse
     assert list(to_stock)[0] == "summary-warmD/warmD" and list(to_stock)[-1] == "summary-coldE/coldE"
     assert to_stock["call1-summary-stock/stock"] == pytest.approx(1.0, abs=0.01)  # 10.0 vs 10.1 only
     assert to_stock["summary-warmD/warmD"] == pytest.approx((0.0 + 1.0) / 2, abs=0.01)  # 10.0 vs 10.0 and vs 10.1
+    # and the signed drift, epoch by epoch (one epoch here): the cold runs end 2.5 % above the stock runs on average
+    assert grouped["last_epoch_drift_by_kind"]["cold"]["runs"] == 2
+    assert grouped["last_epoch_drift_by_kind"]["cold"]["mean"] == pytest.approx(100 * 0.25 / 10.05, abs=0.01)
+
+
+def test_each_runs_signed_drift_from_the_stock_runs_is_given_epoch_by_epoch():
+    from bench.loss_pairs import epoch_drift
+    from bench.side_by_side import named_runs
+
+    def epochs(*per_epoch: list[float]) -> dict:  # one record per epoch, its steps' losses
+        logged = run(300.0, [], batch=128)
+        logged["records"] = [
+            {"epoch": e, "images": 128 * len(losses), "loss": losses} for e, losses in enumerate(per_epoch)
+        ]
+        return logged
+
+    runs = named_runs(
+        {
+            "call": {
+                "stock": epochs([10.0, 10.0], [8.0, 8.0]),
+                "stock2": epochs([10.0, 10.0], [8.4, 8.4]),
+                "offA": epochs([10.0, 10.0], [8.6, 8.8]),  # ends above both stock runs
+                "offB": epochs([10.0, 10.0], [7.8, 8.2]),  # ends on their mean
+            }
+        }
+    )
+    drift = epoch_drift(runs)
+    per_run = drift["epoch_drift_from_stock_percent"]
+    # against the stock runs' mean, 10.0 then 8.2: offA lies (0.4 + 0.6) / 2 / 8.2 above it in its second epoch
+    assert per_run["call/offA"] == [0.0, pytest.approx(100 * 0.5 / 8.2, abs=0.001)]
+    assert per_run["call/offB"] == [0.0, pytest.approx(100 * (-0.4 / 8.2 + 0.0) / 2, abs=0.001)]
+    # a stock run against the other stock run only: 8.0 against 8.4, and 8.4 against 8.0
+    assert per_run["call/stock"][1] == pytest.approx(100 * -0.4 / 8.4, abs=0.001)
+    assert per_run["call/stock2"][1] == pytest.approx(100 * 0.4 / 8.0, abs=0.001)
+    off = drift["last_epoch_drift_by_kind"]["off"]
+    assert off["runs"] == 2 and off["least"] == per_run["call/offB"][1] and off["largest"] == per_run["call/offA"][1]
+    assert off["mean"] == pytest.approx((per_run["call/offA"][1] + per_run["call/offB"][1]) / 2, abs=0.001)
+    # over the first 2 steps, the first epoch alone: nothing drifts yet
+    assert epoch_drift(runs, first_steps=2)["epoch_drift_from_stock_percent"]["call/offA"] == [0.0]
 
 
 def test_a_pair_says_from_which_epoch_its_runs_drew_other_random_numbers():
