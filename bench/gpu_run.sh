@@ -6,7 +6,7 @@
 #        stock:  [EPOCHS=2] [LIMIT=540] bench/gpu_run.sh stock  (the notebook's recipe, bench.compare --only stock)
 #        route:  ROUTE=<gpu_profiles row> NAME=<name> [EPOCHS=3] [SHARE_CACHE=1] [TRAIN='<train settings as JSON>']
 #                [COMPILE_WARMUP=1: the compile_warmup rule first] [TRAIN_ONLY=1: no evaluate, export, plot]
-#                bench/gpu_run.sh route
+#                [GPUS=2: train.gpus, on GPUs 0 to GPUS-1] bench/gpu_run.sh route
 #        levers: VARIANT='<a gpu_profiles row as JSON>' [TRAIN='<train settings as JSON>'] NAME=<name> [EPOCHS=3] [LOADER_WORKERS='16 32']
 #                [SPLIT_CPUS=1: half the CPUs each] bench/gpu_run.sh levers
 #        validation: [RUNS='name|bench.validation args;...'] [EPOCHS=2] bench/gpu_run.sh validation  (loader alone first: a
@@ -87,12 +87,15 @@ case $phase in
             kill $dmon || true
             for f in /tmp/profile-*.log; do without_progress_bars < "$f" | tail -c 50000 > "$OUT/$(basename "$f")"; done
             exit 0 ;;
-  route)    # the train stage alone on GPU 0 with the gpu_profiles row ROUTE, EPOCHS epochs in one block (NAME names the
-            # run); runs of one machine share the compile cache in /tmp/compile-cache when SHARE_CACHE=1
+  route)    # the train stage alone on GPU 0 (GPUS=2: DDP on GPUs 0-1) with the gpu_profiles row ROUTE, EPOCHS epochs
+            # in one block (NAME names the run); runs of one machine share the compile cache in /tmp/compile-cache when
+            # SHARE_CACHE=1
             name=${NAME:?NAME names the run}
             [ "${SHARE_CACHE:-0}" = 1 ] && export TORCHINDUCTOR_CACHE_DIR=/tmp/compile-cache/inductor TRITON_CACHE_DIR=/tmp/compile-cache/triton
             nvidia-smi dmon -s u -d 2 > "$OUT/dmon-$name.txt" 2>&1 & dmon=$!
-            CUDA_VISIBLE_DEVICES=0 timeout -k 30 "${LIMIT:-540}" python3 -m bench.compare --dataset "$DATA" --out "/tmp/r-$name" \
+            gpus=${GPUS:-1}
+            CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((gpus - 1))) timeout -k 30 "${LIMIT:-540}" python3 -m bench.compare \
+              --dataset "$DATA" --out "/tmp/r-$name" --gpus "$gpus" \
               --only pipeline --name "$name" --profile "${ROUTE:?ROUTE names a gpu_profiles row}" --train "${TRAIN:-{\}}" \
               --pipeline-epochs "${EPOCHS:-3}" --epochs-per-block "${EPOCHS:-3}" \
               $([ "${COMPILE_WARMUP:-0}" = 1 ] && echo --compile-warmup) $([ "${TRAIN_ONLY:-0}" = 1 ] && echo --train-only) \
