@@ -49,4 +49,4 @@ for name in $names; do
 done > "$OUT/$phase-checks.txt" 2>&1
 cat "$OUT/$phase-checks.txt"
 tar czf "$OUT/$phase-logs.tgz" -C "$OUT" $(cd "$OUT" && ls *-block_01.log compare-*.txt 2>/dev/null)
-rm -f "$OUT"/dmon-* "$OUT"/env-* "$OUT"/*.log "$OUT"/compare-*
+rm -f "$OUT"/dmon-* "$OUT"/*.log "$OUT"/compare-*  # env-route.txt stays: the machine, torch and rfdetr
