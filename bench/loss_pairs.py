@@ -16,11 +16,13 @@ name's leading lower-case letters (`stock2` and `stock` are stock, `coldD` is co
 pairs and the least, largest and mean relative difference in per cent, each kind's last-20-step means, each
 kind's mean and standard deviation of them, and each run's mean difference from the stock runs (for a stock run,
 from the other stock runs); and each run's signed difference from the stock runs' mean, epoch by epoch, with each
-kind's last-epoch spread of it (`epoch_drift`: do a kind's runs end above the recipe's?). Tests:
+kind's last-epoch spread of it (`epoch_drift`: do a kind's runs end above the recipe's?), tested against the stock
+runs' for location and spread (`against_stock`: could the difference be the luck of the draw?). Tests:
 tests/test_bench.py::test_every_pair_of_runs_across_calls_gets_its_loss_difference_and_its_kind,
 tests/test_bench.py::test_a_pair_says_from_which_epoch_its_runs_drew_other_random_numbers,
 tests/test_bench.py::test_pairs_grouped_by_kind_give_each_groups_spread_and_each_kinds_last_losses,
-tests/test_bench.py::test_each_runs_signed_drift_from_the_stock_runs_is_given_epoch_by_epoch.
+tests/test_bench.py::test_each_runs_signed_drift_from_the_stock_runs_is_given_epoch_by_epoch,
+tests/test_bench.py::test_each_kinds_last_epoch_is_tested_against_the_stock_runs.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import re
 import statistics
 from pathlib import Path
@@ -143,6 +146,7 @@ def epoch_drift(runs: dict[str, dict[str, Any]], first_steps: int | None = None)
         if per_epoch:
             last.setdefault(run_kind(name), []).append(per_epoch[-1])
     return {
+        "last_epoch_against_stock": against_stock(last),
         "epoch_drift_from_stock_percent": drift,
         "last_epoch_drift_by_kind": {
             kind: {
@@ -155,6 +159,35 @@ def epoch_drift(runs: dict[str, dict[str, Any]], first_steps: int | None = None)
             for kind, values in sorted(last.items())
         },
     }
+
+
+def against_stock(last: dict[str, list[float]]) -> dict[str, dict[str, Any]]:
+    """For each kind but stock, and for all of them pooled ("every other kind"), two-sided tests of its runs'
+    last-epoch drift against the stock runs': Mann-Whitney U (`location_p`: do its runs end higher or lower?) and
+    Brown-Forsythe (`spread_p`: do they spread wider or narrower?). A small p says the difference is unlikely to be
+    the luck of which runs were drawn; a kind of one run, or fewer than two stock runs, gets no test. Test:
+    tests/test_bench.py::test_each_kinds_last_epoch_is_tested_against_the_stock_runs."""
+    import numpy
+    from scipy import stats
+
+    stock = last.get("stock", [])
+    kinds = {kind: values for kind, values in sorted(last.items()) if kind != "stock"}
+    if len(kinds) > 1:
+        kinds["every other kind"] = [value for values in kinds.values() for value in values]
+    tests = {}
+    for kind, values in kinds.items():
+        if len(values) < 2 or len(stock) < 2:
+            continue
+        with numpy.errstate(divide="ignore", invalid="ignore"):  # no spread within either group: no p (None)
+            location = stats.mannwhitneyu(values, stock, alternative="two-sided").pvalue
+            spread = stats.levene(values, stock, center="median").pvalue
+        tests[kind] = {
+            "runs": len(values),
+            "stock_runs": len(stock),
+            "location_p": round(float(location), 3) if math.isfinite(location) else None,
+            "spread_p": round(float(spread), 3) if math.isfinite(spread) else None,
+        }
+    return tests
 
 
 def main() -> None:

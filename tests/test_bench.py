@@ -155,6 +155,29 @@ def test_each_runs_signed_drift_from_the_stock_runs_is_given_epoch_by_epoch():
     assert epoch_drift(runs, first_steps=2)["epoch_drift_from_stock_percent"]["call/offA"] == [0.0]
 
 
+def test_each_kinds_last_epoch_is_tested_against_the_stock_runs():
+    from bench.loss_pairs import epoch_drift
+    from bench.side_by_side import named_runs
+
+    def ending(last: float) -> dict:  # a warm-up epoch every run shares, then one step of loss `last`
+        logged = run(300.0, [], batch=128)
+        logged["records"] = [{"epoch": 0, "images": 128, "loss": [10.0]}, {"epoch": 1, "images": 128, "loss": [last]}]
+        return logged
+
+    stock = [8.0, 8.1, 7.9, 8.05, 7.95, 8.02]
+    runs = {f"stock{i}": ending(loss) for i, loss in enumerate(stock)}
+    runs |= {f"high{i}": ending(loss + 0.5) for i, loss in enumerate(stock)}  # every run ends above every stock run
+    runs |= {f"wide{i}": ending(8.0 + 6 * (loss - 8.0)) for i, loss in enumerate(stock)}  # same centre, 6x the spread
+    runs |= {f"alike{i}": ending(loss + 0.001) for i, loss in enumerate(stock)}  # as the stock runs
+    runs["lone"] = ending(9.0)
+    tests = epoch_drift(named_runs({"call": runs}))["last_epoch_against_stock"]
+    assert tests["high"]["location_p"] < 0.01 and tests["high"]["runs"] == tests["high"]["stock_runs"] == 6
+    assert tests["wide"]["spread_p"] < 0.05 and tests["wide"]["location_p"] > 0.5
+    assert tests["alike"]["location_p"] > 0.5 and tests["alike"]["spread_p"] > 0.5
+    assert "lone" not in tests  # one run: no test
+    assert tests["every other kind"]["runs"] == 19
+
+
 def test_a_pair_says_from_which_epoch_its_runs_drew_other_random_numbers():
     from bench.loss_pairs import loss_pairs
     from bench.side_by_side import named_runs

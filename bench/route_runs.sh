@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Several runs of the train stage (bench/gpu_run.sh route: the h200 row, one block of three epochs through snakemake,
+# no compile warm-up, no evaluate, export or plot) on the set of COCO's train/validation proportion at COCO's image
+# sizes, made first if /dev/shm lacks it, for comparing their per-step losses with the notebook's runs
+# (bench.loss_pairs). Runs in one device call; back-to-back calls share /tmp's compile cache and /dev/shm's set.
+#
+# usage: OUT=DIR TAG=NAME NAMES="runA runB ..." [TRAIN='<train settings as JSON>' | TRAIN_BUT=<speedup>] [COLD=1]
+#        [FIRST_LIMIT=330] [LIMIT=<s>] bash bench/route_runs.sh
+#   TRAIN_BUT: every speedup of rfdetr_extensions.NAMES but this one (TRAIN: the settings themselves; neither: the
+#              route's own speedups)
+#   COLD=1:    empty the compile cache, run the first name alone (at most FIRST_LIMIT seconds), then the others at
+#              once on the cache it left; otherwise every name at once on the cache there is
+#   LIMIT:     each run's limit in seconds (default: what is left of the call's 585 s)
+# Leaves in OUT: summary-<name>.json, <TAG>-checks.txt (each run's last lines and the speedups and CUDA graphs its
+# log reports), <TAG>-logs.tgz (the block logs and bench.compare's output), times.txt, env-route.txt.
+set -u
+cd "$(dirname "$0")/.."
+start=$(date +%s)
+tag=${TAG:?TAG names this call in times.txt and the checks}
+read -r -a names <<< "${NAMES:?NAMES are the runs}"
+[ -d /tmp/site ] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site:$PWD
+data=/dev/shm/coco-prop
+[ -f $data/annotations/instances_val2017.json ] || python3 bench/synth_coco.py $data 11829 500 --detail coco > /dev/null
+echo "$tag set: $(( $(date +%s) - start )) s" | tee -a "$OUT/times.txt"
+train=${TRAIN:-}
+if [ -n "${TRAIN_BUT:-}" ]; then
+  train=$(LEFT_OUT=$TRAIN_BUT python3 -c 'import json, os, rfdetr_extensions as r
+print(json.dumps({"speedups": [n for n in r.NAMES if n != os.environ["LEFT_OUT"]]}))')
+fi
+S="DATA=$data N_TRAIN=11829 N_VAL=500 DETAIL=coco ROUTE=h200 TRAIN_ONLY=1 SHARE_CACHE=1 EPOCHS=3"
+left() { echo $(( 585 - ($(date +%s) - start) )); }
+settings=(); [ -n "$train" ] && settings=(TRAIN="$train")
+run() {  # NAME LIMIT
+  env $S "${settings[@]}" NAME=$1 LIMIT=$2 bash bench/gpu_run.sh route
+  echo "$1: $(( $(date +%s) - start )) s" | tee -a "$OUT/times.txt"
+}
+together=("${names[@]}")
+if [ "${COLD:-0}" = 1 ]; then
+  rm -rf /tmp/compile-cache
+  first=${FIRST_LIMIT:-330}; l=$(left)
+  run "${names[0]}" $(( l < first ? l : first ))
+  together=("${names[@]:1}")
+fi
+l=${LIMIT:-$(left)}
+for name in "${together[@]}"; do run "$name" "$l" & done
+wait
+for name in "${names[@]}"; do
+  tail -3 "$OUT/compare-$name.txt"
+  grep -h "Speedups applied\|CUDA graphs\|cuda_graphs" "$OUT/$name-block_01.log" | head -3
+done > "$OUT/$tag-checks.txt" 2>&1
+cat "$OUT/$tag-checks.txt"
+tar czf "$OUT/$tag-logs.tgz" -C "$OUT" $(cd "$OUT" && ls *-block_01.log compare-*.txt 2>/dev/null)
+rm -f "$OUT"/dmon-* "$OUT"/*.log "$OUT"/compare-*  # env-route.txt stays: the machine, torch and rfdetr
