@@ -1,0 +1,27 @@
+"""How many notebook runs tell its spread from the train stage's? Draws normal last-epoch drifts with the spread the
+notebook's six runs show and with the mean and spread the train stage's 25 show (loss-pairs-by-kind.json), and
+counts how often Brown-Forsythe and Mann-Whitney (as bench.loss_pairs' `against_stock`) find p < 0.05.
+
+usage: python bench/results/2026-12-04-drift-cause/power.py
+"""
+
+import json
+import statistics
+from pathlib import Path
+
+import numpy as np
+from scipy import stats
+
+drift = json.loads((Path(__file__).parent / "loss-pairs-by-kind.json").read_text())["epoch_drift_from_stock_percent"]
+stage = [epochs[-1] for name, epochs in drift.items() if not name.rsplit("/", 1)[1].startswith("stock")]
+stock = [epochs[-1] for name, epochs in drift.items() if name.rsplit("/", 1)[1].startswith("stock")]
+mean, sd, stock_sd = statistics.fmean(stage), statistics.stdev(stage), statistics.stdev(stock)
+print(f"stage runs {len(stage)}: mean {mean:.3f} sd {sd:.3f}; notebook runs {len(stock)}: sd {stock_sd:.3f}")
+generator = np.random.default_rng(0)
+for notebook_runs in (6, 9, 12, 15, 18):
+    spread = location = 0
+    for _ in range(2000):
+        a, b = generator.normal(0, stock_sd, notebook_runs), generator.normal(mean, sd, len(stage))
+        spread += stats.levene(a, b, center="median").pvalue < 0.05
+        location += stats.mannwhitneyu(a, b).pvalue < 0.05
+    print(f"{notebook_runs} notebook runs: Brown-Forsythe {spread / 2000:.2f}, Mann-Whitney {location / 2000:.2f}")
