@@ -2,7 +2,7 @@
 notebook's six runs show and with the mean and spread the train stage's 25 show (loss-pairs-by-kind.json), and
 counts how often Brown-Forsythe and Mann-Whitney (as bench.loss_pairs' `against_stock`) find p < 0.05.
 
-usage: python bench/results/2026-12-04-drift-cause/power.py
+usage: PYTHONPATH=. python bench/results/2026-12-04-drift-cause/power.py
 """
 
 import json
@@ -12,9 +12,11 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
+from bench.loss_pairs import run_kind
+
 drift = json.loads((Path(__file__).parent / "loss-pairs-by-kind.json").read_text())["epoch_drift_from_stock_percent"]
-stage = [epochs[-1] for name, epochs in drift.items() if not name.rsplit("/", 1)[1].startswith("stock")]
-stock = [epochs[-1] for name, epochs in drift.items() if name.rsplit("/", 1)[1].startswith("stock")]
+stage = [epochs[-1] for name, epochs in drift.items() if run_kind(name) != "stock"]
+stock = [epochs[-1] for name, epochs in drift.items() if run_kind(name) == "stock"]
 mean, sd, stock_sd = statistics.fmean(stage), statistics.stdev(stage), statistics.stdev(stock)
 print(f"stage runs {len(stage)}: mean {mean:.3f} sd {sd:.3f}; notebook runs {len(stock)}: sd {stock_sd:.3f}")
 generator = np.random.default_rng(0)
