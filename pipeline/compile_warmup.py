@@ -1,12 +1,12 @@
 """The compile warm-up: torch.compile's graphs of the training step, compiled while train2017 downloads.
 
 A training job on a cold compile cache spends its first minutes compiling: the first epoch of a compiled route
-carries the compile of the training step's graphs (BENCHMARKS.md, "Cold start"). torch keeps what it compiles in the
-run's compile cache (`pipeline.rfdetr_call.configure_compile_cache`) and finds it there by the graph and the shapes,
-dtypes and strides of its inputs, never by the data. So a short training of the same route on other images of the
-same shapes compiles what the first training job will look up: the model's graphs exactly, and the variants of
-rfdetr's matcher cost (`pairwise_box_l1_cost`, specialised on its inputs' storage offsets) that the warm-up's images
-reach; the first job compiles any other variant it meets, a small graph.
+carries the compile of the training step's graphs (BENCHMARKS.md, "The start and end of a training job"). torch
+keeps what it compiles in the run's compile cache (`pipeline.rfdetr_call.configure_compile_cache`) and finds it
+there by the graph and the shapes, dtypes and strides of its inputs, never by the data. So a short training of the
+same route on other images of the same shapes compiles what the first training job will look up: the model's graphs
+exactly, and the variants of rfdetr's matcher cost (`pairwise_box_l1_cost`, specialised on its inputs' storage
+offsets) that the warm-up's images reach; the first job compiles any other variant it meets, a small graph.
 
 The compile_warmup rule runs that training once val2017 is extracted, beside the long train2017 download: the run's
 recipe, GPU profile and speedups (`pipeline.rfdetr_call.training_route`, as the train stage picks them), one epoch of

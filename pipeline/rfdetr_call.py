@@ -179,7 +179,7 @@ def load_for_inference(weights: Path) -> Any:
     `RFDETR.from_checkpoint` restores them. rfdetr 1.11.2's `evaluate()` then wraps the module it builds in
     torch.compile before it loads the weights, whose names lack the wrapper's `_orig_mod.` prefix, and stops with a
     RuntimeError (found by the H200 GPU test). One pass over the validation set would also pay the eval graph's cold
-    compile (110.6 s on the H200, BENCHMARKS.md "Validation of COCO's 5,000 images"). Shown by
+    compile (110.6 s on the H200, `bench/results/2026-12-01-validation/`). Shown by
     tests/test_pipeline.py::test_a_compiled_runs_weights_load_for_inference_with_compile_and_cuda_graphs_off and, on
     the GPU, tests/test_gpu.py::test_the_h200_row_as_a_user_gets_it_captures_and_replays_cuda_graphs.
     """

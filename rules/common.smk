@@ -138,7 +138,7 @@ def previous_block(wildcards):
 def compile_warmup_report(wildcards):
     """The first block of a GPU run waits for the compile warm-up (rules/compile_warmup.smk) when train2017 has yet
     to be extracted, so that the warm-up runs beside its download. With the data already there nothing would hide it,
-    and it would delay training by about as much as it saves (BENCHMARKS.md, "Cold start").
+    and it would delay training by about as much as it saves (BENCHMARKS.md, "The start and end of a training job").
 
     A report already written keeps the block's inputs as they were when it trained, in later runs too: Snakemake
     reruns a job whose set of inputs changed. ancient(): a warm-up run again (a recipe change reruns it) must not

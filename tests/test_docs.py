@@ -118,3 +118,31 @@ def test_the_stage_modules_import_no_other_stage_and_the_shared_packages_import_
                     names = [node.module]
                 offending += [f"{path.relative_to(REPO)}: {name}" for name in names if name.split(".")[0] == "scripts"]
     assert offending == []
+
+
+BENCHMARKS = (REPO / "BENCHMARKS.md").read_text()
+# `BENCHMARKS.md "Each lever"` or `BENCHMARKS.md, "Tools"`: a section of it, named by the start of its heading
+BENCHMARKS_SECTION = re.compile(r'BENCHMARKS\.md,? "([^"]+)"')
+TEXT_FILES = ("README.md", "config.yaml", "Snakefile", "rules/*.smk", *(f"{folder}/**/*.py" for folder in DOCUMENTED))
+
+
+def test_every_benchmarks_section_the_docs_and_code_name_is_a_heading_of_it():
+    headings = [line.lstrip("#").strip() for line in BENCHMARKS.splitlines() if line.startswith("#")]
+    named = [
+        (str(path.relative_to(REPO)), match[1])
+        for pattern in TEXT_FILES
+        for path in sorted(REPO.glob(pattern))
+        for match in BENCHMARKS_SECTION.finditer(path.read_text())
+    ]
+    assert len(named) >= 5  # README alone names more
+    missing = [f"{where}: {section!r}" for where, section in named if not any(h.startswith(section) for h in headings)]
+    assert missing == [], f"BENCHMARKS.md has no such heading: {missing}"
+
+
+def test_every_results_folder_benchmarks_names_exists_and_every_speedup_has_its_lever_row():
+    folders = set(re.findall(r"`(\d{4}-\d{2}-\d{2}[\w-]*)/`", BENCHMARKS))
+    assert len(folders) > 10
+    assert sorted(f for f in folders if not (REPO / "bench" / "results" / f).is_dir()) == []
+    levers = BENCHMARKS.split("\n## Each lever\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in levers.splitlines() if line.startswith("| `")]
+    assert [s.name for s in SPEEDUPS if not any(f"`{s.name}`" in row.split(" | ")[0] for row in rows)] == []
