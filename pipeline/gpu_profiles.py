@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -66,6 +67,20 @@ def detect_device(requested: str) -> Device:
         props.total_memory / 1e9,
         torch.cuda.device_count(),
     )
+
+
+def check_gpu_count(device: Device, gpus: int) -> None:
+    """StageError when `train.gpus` asks for more GPUs than this job sees. Without it Lightning stops only once the
+    model is built, with "You requested gpu: [0, 1] But your machine only has: [0]", which names neither the setting
+    nor the cluster request. The CPU runs `gpus` DDP processes whatever its cores. Shown by
+    `tests/test_gpu_profiles.py::test_more_gpus_than_the_job_sees_stop_with_the_setting_to_change`."""
+    if device.kind == "cuda" and gpus > device.count:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "not set")
+        raise StageError(
+            f"train.gpus is {gpus}, but this job sees {device.count} GPU(s) ({device.name}; CUDA_VISIBLE_DEVICES: "
+            f"{visible}). Set train.gpus to at most {device.count} in config.yaml, or run where {gpus} GPUs of one "
+            "node are visible (on SLURM the profile requests train.gpus GPUs for each training job)."
+        )
 
 
 def resolve_profile(

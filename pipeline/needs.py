@@ -3,9 +3,11 @@
 - `needs_summary`: what `snakemake -n` prints: disk needed against free, room on the RAM disk, the GPU found here,
   and the time the jobs ask of a scheduler (`resources.*`).
 - `gpu_preflight`: when jobs run on this machine and training is due on a GPU, the train job's own error for a
-  missing GPU, before the first download rather than after 19 GB of it (`preflight: false` skips it).
+  missing GPU or for fewer GPUs than `train.gpus`, before the first download rather than after 19 GB of it
+  (`preflight: false` skips it).
 
-Shown by `tests/test_faults.py` (the preflight) and `tests/test_config.py` (the dry run's summary).
+Shown by `tests/test_faults.py` (the preflight), `tests/test_gpu.py` (on a GPU: too few of them) and
+`tests/test_config.py` (the dry run's summary).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 
 from pipeline.blocks import block_ranges
 from pipeline.common import StageError, size
-from pipeline.gpu_profiles import detect_device
+from pipeline.gpu_profiles import check_gpu_count, detect_device
 
 
 def existing_parent(path: Path) -> Path:
@@ -81,13 +83,16 @@ def needs_summary(config: Mapping[str, Any]) -> str:
 
 
 def gpu_preflight(config: Mapping[str, Any], rules_due: set[str]) -> str | None:
-    """The train job's message for a missing GPU, when a job that needs one is due on this machine; else None."""
+    """The train job's message for a missing GPU, or for fewer GPUs than train.gpus, when a job that needs them is
+    due on this machine; else None."""
     if not config.get("preflight", True) or config["train"]["device"] != "cuda":
         return None
     if not rules_due & {"compile_warmup", "train_block", "evaluate"}:
         return None
     try:
-        detect_device("cuda")
+        device = detect_device("cuda")
+        if rules_due & {"compile_warmup", "train_block"}:
+            check_gpu_count(device, config["train"]["gpus"])
     except StageError as error:
         return (
             f"{error} Checked before any job starts, since training would stop there; to run the jobs before it "

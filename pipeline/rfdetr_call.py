@@ -21,7 +21,14 @@ from typing import Any
 
 from pipeline.common import StageError, log
 from pipeline.dataset import count_images
-from pipeline.gpu_profiles import Device, batch_multiple, detect_device, resolve_profile, settle_profile
+from pipeline.gpu_profiles import (
+    Device,
+    batch_multiple,
+    check_gpu_count,
+    detect_device,
+    resolve_profile,
+    settle_profile,
+)
 from rfdetr_extensions import Selection, SpeedupOptions, applied, select_speedups
 
 AMP_DTYPE = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "fp32": None}  # profile precision -> train(amp_dtype=)
@@ -205,6 +212,7 @@ def training_route(
     """The route the train stage takes on this machine, logged. The compile warm-up (`scripts/compile_warmup.py`)
     takes the same one, so that it compiles the graphs training will look up."""
     device = detect_device(train["device"])
+    check_gpu_count(device, train["gpus"])
     speedups = select_speedups(train["speedups"], rfdetr_version, device_kind=device.kind)
     profile, reason = resolve_profile(profiles, device, train["profile"])
     static_graphs = "static_cuda_graphs" in speedups.names()

@@ -29,6 +29,16 @@ def read_block(workdir, block: str, name: str):
     return json.loads((workdir / "results" / "train" / block / name).read_text())
 
 
+def test_more_gpus_than_the_machine_has_stop_the_run_before_the_first_download(workdir, server, archives):
+    """`pipeline.needs.gpu_preflight` with `pipeline.gpu_profiles.check_gpu_count`, through snakemake."""
+    visible = torch.cuda.device_count()
+    write_gpu_config(workdir, tiny_config(workdir, server.url, archives, device="cuda", gpus=visible + 1))
+    result = run_snakemake(workdir)
+    assert result.returncode != 0
+    assert f"train.gpus is {visible + 1}, but this job sees {visible} GPU(s)" in result.stdout, result.stdout[-3000:]
+    assert server.requests == []  # stopped before the first download
+
+
 def test_the_h200_row_as_a_user_gets_it_captures_and_replays_cuda_graphs(workdir, server, archives):
     on_h200 = "H200" in torch.cuda.get_device_name(0)
     config = tiny_config(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.common import StageError
-from pipeline.gpu_profiles import Device, detect_device, resolve_profile, settle_profile
+from pipeline.gpu_profiles import Device, check_gpu_count, detect_device, resolve_profile, settle_profile
 from tests.helpers.workflow import base_config
 
 PROFILES = base_config()["gpu_profiles"]
@@ -118,3 +118,16 @@ def test_without_the_static_graphs_speedup_large_batches_leave_cuda_graphs_off_a
     assert not profile["cuda_graphs"] and profile["compile"] and "static_cuda_graphs speedup is not applied" in reason
     small = next(p for p in PROFILES if p["name"] == "generic-ampere")  # batch 16: rfdetr's own graphs, as the notebook
     assert settle_profile(small, "met", gpu("NVIDIA A2"), TRAIN, static_graphs=False) == (small, "met")
+
+
+def test_more_gpus_than_the_job_sees_stop_with_the_setting_to_change(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    one_h200 = Device("cuda", "NVIDIA H200", (9, 0), 141.0, 1)
+    with pytest.raises(StageError) as stop:
+        check_gpu_count(one_h200, 2)
+    message = str(stop.value)
+    assert "train.gpus is 2" in message and "sees 1 GPU" in message and "CUDA_VISIBLE_DEVICES: 3" in message
+    assert "at most 1 in config.yaml" in message
+    check_gpu_count(one_h200, 1)
+    check_gpu_count(Device("cuda", "NVIDIA H200", (9, 0), 141.0, 2), 2)
+    check_gpu_count(Device("cpu", "cpu"), 2)  # DDP on the CPU: processes, not devices
