@@ -2,6 +2,7 @@
 
 - `needs_summary`: what `snakemake -n` prints: disk needed against free, room on the RAM disk, the GPU found here,
   and the time the jobs ask of a scheduler (`resources.*`).
+- `training_job_cores`: the cores a training job asks for, `train.max_workers` per GPU.
 - `gpu_preflight`: when jobs run on this machine and training is due on a GPU, the train job's own error for a
   missing GPU or for fewer GPUs than `train.gpus`, before the first download rather than after 19 GB of it
   (`preflight: false` skips it).
@@ -80,6 +81,14 @@ def needs_summary(config: Mapping[str, Any]) -> str:
         f"{resources['evaluate_minutes']} min for the evaluation; downloads depend on your network",
     ]
     return "\n".join(lines)
+
+
+def training_job_cores(train: Mapping[str, Any]) -> int:
+    """The cores a training job asks for: `train.max_workers` per GPU, so that each DDP rank's data loader gets as
+    many workers as one GPU's would (the notebook's min(cores, 16)), and at least one core per rank. Snakemake caps
+    it at `--cores` on one machine; on SLURM it is the job's --cpus-per-task. Shown by `tests/test_train.py` and
+    `tests/test_slurm.py` (the training job's NumCPUs)."""
+    return max(1, train["max_workers"]) * train["gpus"]
 
 
 def gpu_preflight(config: Mapping[str, Any], rules_due: set[str]) -> str | None:

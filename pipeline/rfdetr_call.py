@@ -62,6 +62,13 @@ def last_batch_off_the_rule(val_images: int, batch: int, ranks: int = 1, multipl
     return last if last % multiple else 0
 
 
+def loader_workers(threads: int, ranks: int, max_workers: int) -> int:
+    """Data-loader workers of each of a job's `ranks` DDP processes: the job's `threads` cores shared among them, at
+    most `max_workers` (`train.max_workers`). Every rank starts a loader of its own, so a worker per core in each
+    would put twice the workers on the cores with two GPUs. Shown by `tests/test_train.py`."""
+    return min(threads // max(1, ranks), max_workers)
+
+
 LOGGERS = ("csv", "tensorboard", "mlflow", "wandb")  # train.loggers; rfdetr always writes metrics.csv
 LOGGER_PACKAGES = {"tensorboard": "tensorboard", "mlflow": "mlflow", "wandb": "wandb"}
 

@@ -18,7 +18,7 @@ from pipeline.config_check import (
     validate_config,
 )
 from pipeline.export_formats import missing_message, missing_modules
-from pipeline.needs import gpu_preflight, needs_summary
+from pipeline.needs import gpu_preflight, needs_summary, training_job_cores
 from pipeline.recipe import RECIPE_KEYS
 
 SCHEMA = Path(workflow.basedir) / "schemas" / "config.schema.yaml"

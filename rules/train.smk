@@ -16,7 +16,7 @@ rule train_block:
         BENCHMARKS / "train" / "{block}.tsv"
     conda:
         "../envs/pipeline.yaml"
-    threads: 16  # capped at --cores on one machine; set-threads in a cluster profile
+    threads: training_job_cores(config["train"])  # train.max_workers per GPU; capped at --cores on one machine
     resources:
         gpu=config["train"]["gpus"],
         mem_mb=train_mem_mb,

@@ -38,6 +38,7 @@ from pipeline.resume import (
 from pipeline.rfdetr_call import (
     check_loggers,
     configure_compile_cache,
+    loader_workers,
     run_rfdetr,
     train_kwargs,
     training_route,
@@ -74,7 +75,7 @@ def train_block(args: argparse.Namespace, settings: Mapping[str, Any], rfdetr_ve
     if main_rank:
         prepare_state(state_dir, plan)
     if plan.next_epoch < end:
-        workers = min(args.threads, train["max_workers"])
+        workers = loader_workers(args.threads, recipe["gpus"], train["max_workers"])
         kwargs = train_kwargs(recipe, stage["path"], state_dir, workers, device, train["loggers"])
         if plan.checkpoint is not None:
             kwargs["resume"] = str(plan.checkpoint)

@@ -225,7 +225,7 @@ def test_the_workflow_runs_through_sbatch_and_a_training_job_cancelled_mid_block
     train_id, train = by_rule["train_block"][-1]
     assert train["Partition"] == PARTITION
     assert re.search(r"gres[/:]gpu:2", train["TresPerJob"])  # train.gpus: 2
-    assert train["NumCPUs"] == "2"  # the profile's threads, capped at 2 for this node
+    assert train["NumCPUs"] == "2"  # training_job_cores: max(1, train.max_workers: 0) per GPU, 2 GPUs
     assert train["MinMemoryNode"] == "2000M"  # resources.train_mem_mb (the tiny set adds no RAM-disk MB)
     assert train["TimeLimit"] == "01:00:00"  # 30 min + 15 min per epoch of the block
     # the other jobs: the profile's threads (capped at 2) and runtimes, the memory of resources.*, no GPU

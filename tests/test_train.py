@@ -10,9 +10,17 @@ import pytest
 from pipeline.blocks import block_ranges
 from pipeline.common import StageError
 from pipeline.gpu_profiles import Device, fp8_batch_multiple
+from pipeline.needs import training_job_cores
 from pipeline.recipe import RECIPE_KEYS, recipe_diff, recipe_id, recipe_of
 from pipeline.resume import plan_resume, truncate_metrics
-from pipeline.rfdetr_call import LOGGERS, check_loggers, eval_batch_size, last_batch_off_the_rule, train_kwargs
+from pipeline.rfdetr_call import (
+    LOGGERS,
+    check_loggers,
+    eval_batch_size,
+    last_batch_off_the_rule,
+    loader_workers,
+    train_kwargs,
+)
 from tests.helpers.workflow import base_config
 
 TRAIN = base_config()["train"]
@@ -211,3 +219,15 @@ def test_a_logger_whose_package_is_missing_stops_the_block_naming_the_package(
     config = rfdetr_train_config([package], tiny_dataset, tmp_path / "state" / "0123abcd")
     trainer = build_trainer(config, RFDETRNanoConfig(), accelerator="cpu")
     assert logger_class not in [type(logger).__name__ for logger in trainer.loggers]
+
+
+def test_each_gpu_gets_max_workers_cores_and_its_rank_a_loader_of_that_many_workers():
+    """With two GPUs the job asks for twice the cores and each rank's loader gets one GPU's share: not 16 workers
+    per rank on 16 cores, as when every rank took the job's cores for its own."""
+    one, two = training_job_cores(TRAIN), training_job_cores({**TRAIN, "gpus": 2})
+    assert (TRAIN["max_workers"], one, two) == (16, 16, 32)
+    assert loader_workers(two, 2, 16) == loader_workers(one, 1, 16) == 16
+    assert loader_workers(16, 2, 16) == 8  # --cores 16 on a two-GPU machine: the cores are shared
+    assert loader_workers(64, 1, 16) == 16  # never above train.max_workers
+    assert training_job_cores({**TRAIN, "max_workers": 0, "gpus": 2}) == 2  # a core per rank, loading in it
+    assert loader_workers(2, 2, 0) == 0
