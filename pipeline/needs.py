@@ -83,11 +83,16 @@ def needs_summary(config: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+CPU_RUN_CORES = 16  # a CPU run computes the model on the host: as many cores as the other CPU-heavy rules ask
+
+
 def training_job_cores(train: Mapping[str, Any]) -> int:
-    """The cores a training job asks for: `train.max_workers` per GPU, so that each DDP rank's data loader gets as
-    many workers as one GPU's would (the notebook's min(cores, 16)), and at least one core per rank. Snakemake caps
-    it at `--cores` on one machine; on SLURM it is the job's --cpus-per-task. Shown by `tests/test_train.py` and
-    `tests/test_slurm.py` (the training job's NumCPUs)."""
+    """The cores a training job asks for. On a GPU, `train.max_workers` per GPU, so that each DDP rank's data loader
+    gets as many workers as one GPU's would (the notebook's min(cores, 16)), and at least one core per rank; on the
+    CPU, `CPU_RUN_CORES`, which the ranks' model computation shares. Snakemake caps it at `--cores` on one machine;
+    on SLURM it is the job's --cpus-per-task. Shown by `tests/test_train.py`."""
+    if train["device"] == "cpu":
+        return CPU_RUN_CORES
     return max(1, train["max_workers"]) * train["gpus"]
 
 

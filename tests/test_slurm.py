@@ -82,6 +82,7 @@ def slurm_test_profile(tmp_path: Path) -> Path:
     profile["set-resources"]["train_block"]["slurm_partition"] = PARTITION
     profile["set-resources"]["evaluate"]["slurm_partition"] = PARTITION
     profile["set-threads"] = {rule: min(2, threads) for rule, threads in profile["set-threads"].items()}
+    profile["set-threads"]["train_block"] = 2  # the rule asks for 16 cores on a CPU run
     profile["latency-wait"] = 10
     profile.update(
         {
@@ -225,7 +226,7 @@ def test_the_workflow_runs_through_sbatch_and_a_training_job_cancelled_mid_block
     train_id, train = by_rule["train_block"][-1]
     assert train["Partition"] == PARTITION
     assert re.search(r"gres[/:]gpu:2", train["TresPerJob"])  # train.gpus: 2
-    assert train["NumCPUs"] == "2"  # training_job_cores: max(1, train.max_workers: 0) per GPU, 2 GPUs
+    assert train["NumCPUs"] == "2"  # the test profile's threads for this 2-core node
     assert train["MinMemoryNode"] == "2000M"  # resources.train_mem_mb (the tiny set adds no RAM-disk MB)
     assert train["TimeLimit"] == "01:00:00"  # 30 min + 15 min per epoch of the block
     # the other jobs: the profile's threads (capped at 2) and runtimes, the memory of resources.*, no GPU

@@ -225,9 +225,11 @@ def test_each_gpu_gets_max_workers_cores_and_its_rank_a_loader_of_that_many_work
     """With two GPUs the job asks for twice the cores and each rank's loader gets one GPU's share: not 16 workers
     per rank on 16 cores, as when every rank took the job's cores for its own."""
     one, two = training_job_cores(TRAIN), training_job_cores({**TRAIN, "gpus": 2})
-    assert (TRAIN["max_workers"], one, two) == (16, 16, 32)
+    assert (TRAIN["device"], TRAIN["max_workers"], one, two) == ("cuda", 16, 16, 32)
     assert loader_workers(two, 2, 16) == loader_workers(one, 1, 16) == 16
     assert loader_workers(16, 2, 16) == 8  # --cores 16 on a two-GPU machine: the cores are shared
     assert loader_workers(64, 1, 16) == 16  # never above train.max_workers
     assert training_job_cores({**TRAIN, "max_workers": 0, "gpus": 2}) == 2  # a core per rank, loading in it
     assert loader_workers(2, 2, 0) == 0
+    # a CPU run computes the model on the host's cores, whatever its loader
+    assert training_job_cores({**TRAIN, "device": "cpu", "max_workers": 0, "gpus": 2}) == 16
