@@ -76,6 +76,13 @@ def train_block(args: argparse.Namespace, settings: Mapping[str, Any], rfdetr_ve
         prepare_state(state_dir, plan)
     if plan.next_epoch < end:
         workers = loader_workers(args.threads, recipe["gpus"], train["max_workers"])
+        log.info(
+            "Data-loader workers: %d per rank (%d cores for %d rank(s), train.max_workers: %d)",
+            workers,
+            args.threads,
+            recipe["gpus"],
+            train["max_workers"],
+        )
         kwargs = train_kwargs(recipe, stage["path"], state_dir, workers, device, train["loggers"])
         if plan.checkpoint is not None:
             kwargs["resume"] = str(plan.checkpoint)

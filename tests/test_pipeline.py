@@ -89,6 +89,8 @@ def test_every_stage_leaves_its_outputs(two_block_run, tiny_dataset):
     assert "loads NO DINOv2 backbone weights" in train_log
     # train.host_threads applies to GPU runs; this CPU run computes the model on the host with torch's default
     assert f"Host threads of the training process: {torch.get_num_threads()}" in train_log
+    # the job's 2 cores (--cores 2) for its one rank; the tiny config loads in the training process
+    assert "Data-loader workers: 0 per rank (2 cores for 1 rank(s), train.max_workers: 0)" in train_log
 
 
 def test_metrics_have_train_and_val_rows_for_every_epoch_and_the_plots_are_pngs(two_block_run):
