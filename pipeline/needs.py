@@ -2,7 +2,7 @@
 
 - `needs_summary`: what `snakemake -n` prints: disk needed against free, room on the RAM disk, the GPU found here,
   and the time the jobs ask of a scheduler (`resources.*`).
-- `training_job_cores`: the cores a training job asks for, `train.max_workers` per GPU.
+- `training_job_cores`: the cores a training job asks for: `train.max_workers` per GPU (16 on a CPU run).
 - `gpu_preflight`: when jobs run on this machine and training is due on a GPU, the train job's own error for a
   missing GPU or for fewer GPUs than `train.gpus`, before the first download rather than after 19 GB of it
   (`preflight: false` skips it).
