@@ -6,7 +6,10 @@ usage: python -m bench.projection SUMMARY.json --run NAME --measured-val-images 
            [--epochs-per-block 10]
 
 The run is one training job (one block) of two or more epochs. From its epochs after the first: training images/s,
-and validation seconds per image (N images were validated each epoch). From its whole job (Snakemake's benchmark of
+validation seconds per image (N images were validated each epoch), and the seconds between two epochs (the previous
+epoch's checkpoints, EpochLog's `since_previous_epoch_seconds`; 0 where the records predate it, as the printed
+inputs say). Each projected epoch pays all three, so a block of ten epochs pays ten checkpoints where the measured
+block of two paid two. From its whole job (Snakemake's benchmark of
 `train/block_01`): what a block costs beyond its epochs at that steady pace, its fixed cost. That is the job's start
 (process, staging, model build), its epoch-0 overhead (compile, CUDA graph recording), its first validation's extra
 and its end (checkpoints, exit). Each block of the projected run pays it once, with the compile caches the measured
@@ -50,13 +53,16 @@ from pipeline.common import read_json, run_main
 TRAIN_JOB = "train/block_01"
 
 
-def steady_rates(run: dict[str, Any], measured_val_images: int) -> tuple[float, float]:
-    """Training images/s and validation seconds per image over the run's epochs after the first."""
+def steady_rates(run: dict[str, Any], measured_val_images: int) -> tuple[float, float, float | None]:
+    """Training images/s, validation seconds per image and seconds between two epochs (None: not recorded) over
+    the run's epochs after the first."""
     later = run["records"][1:]
     if not later:
         raise ValueError("the run needs at least two epochs: the first pays the start, the others give the rates")
     steady = sum(r["images"] for r in later) / sum(r["train_seconds"] for r in later)
-    return steady, sum(r["val_seconds"] for r in later) / (len(later) * measured_val_images)
+    gaps = [r["since_previous_epoch_seconds"] for r in later if r.get("since_previous_epoch_seconds") is not None]
+    between = sum(gaps) / len(gaps) if gaps else None
+    return steady, sum(r["val_seconds"] for r in later) / (len(later) * measured_val_images), between
 
 
 def read_validation(path: Path) -> dict[str, Any]:
@@ -85,12 +91,15 @@ def job_seconds(run: dict[str, Any]) -> float:
 
 
 def block_fixed_seconds(
-    run: dict[str, Any], measured_val_images: int, rates: tuple[float, float] | None = None
+    run: dict[str, Any], measured_val_images: int, rates: tuple[float, float, float | None] | None = None
 ) -> float:
-    """The job's wall seconds less its epochs at the steady pace (the run's own, or `rates`): what a block (the
-    notebook: its one process) costs once, whatever its length."""
-    steady, val_per_image = rates or steady_rates(run, measured_val_images)
-    paced = sum(r["images"] / steady + measured_val_images * val_per_image for r in run["records"])
+    """The job's wall seconds less its epochs at the steady pace, each with the seconds between two epochs (the
+    run's own, or `rates`): what a block (the notebook: its one process) costs once, whatever its length. The
+    measured job's last epoch has no next one, so its checkpoints stay in this fixed cost, as a block's last
+    epoch's do."""
+    steady, val_per_image, between = rates or steady_rates(run, measured_val_images)
+    epoch = measured_val_images * val_per_image + (between or 0.0)
+    paced = sum(r["images"] / steady + epoch for r in run["records"])
     return job_seconds(run) - paced
 
 
@@ -115,7 +124,7 @@ def project(
     stage_seconds: float | None = None,
 ) -> dict[str, Any]:
     """The projected hours and the measured inputs they come from (see the module's text)."""
-    steady, val_per_image = steady_rates(run, measured_val_images)
+    steady, val_per_image, between = steady_rates(run, measured_val_images)
     block_fixed = block_fixed_seconds(run, measured_val_images)
     notebook = is_notebook(run)
     blocks = 1 if notebook else len(block_ranges(epochs, epochs_per_block))
@@ -125,7 +134,7 @@ def project(
         if not warm or any(record["images"] not in (val_images, None) for record in warm):
             raise ValueError(f"--validation needs validations after the first, each of {val_images} images")
         val_seconds = sum(record["seconds"] for record in warm) / len(warm)
-    epoch_seconds = train_images / steady + val_seconds
+    epoch_seconds = train_images / steady + val_seconds + (between or 0.0)
     copy = (run.get("stage_seconds") or 0.0) if stage_seconds is None else stage_seconds
     total = epochs * epoch_seconds + blocks * block_fixed - (blocks - 1) * copy + cold_start_seconds
     return {
@@ -133,6 +142,7 @@ def project(
             "steady_train_images_per_second": round(steady, 1),
             "validation_seconds_per_image": round(val_per_image, 5),
             "validation_seconds": round(val_seconds, 2),
+            "seconds_between_epochs": "not recorded: counted as 0" if between is None else round(between, 2),
             "validation_from": validation.get("from", "bench.validation")
             if validation
             else "the run, scaled per image",

@@ -352,6 +352,19 @@ def test_the_projection_adds_epochs_at_the_measured_rates_and_each_blocks_fixed_
     assert inputs["block_fixed_seconds"] == 170.0 and inputs["blocks"] == 2
     assert result["epoch_seconds"] == 40.0  # 2000 / 100 + 200 x 0.1
     assert result["projected_hours"] == round((4 * 40 + 2 * 170) / 3600, 2)
+    assert inputs["seconds_between_epochs"] == "not recorded: counted as 0"  # an epoch log without the field
+
+    # each epoch's checkpoints, between it and the next (EpochLog's since_previous_epoch_seconds), are paid per
+    # epoch: a block of 10 pays 10 of them, where the measured block of 3 paid 3 inside its job time
+    gaps = [None, 2.0, 2.0]
+    saving = {
+        **measured,
+        "records": [{**r, "since_previous_epoch_seconds": g} for r, g in zip(measured["records"], gaps, strict=True)],
+    }
+    longer = project(saving, measured_val_images=100, train_images=2000, val_images=200, epochs=20, epochs_per_block=10)
+    assert longer["inputs"]["seconds_between_epochs"] == 2.0 and longer["epoch_seconds"] == 42.0
+    assert longer["inputs"]["block_fixed_seconds"] == 230 - 3 * (10 + 10 + 2)
+    assert longer["projected_hours"] == round((20 * 42 + 2 * 164) / 3600, 2)
 
     validated = {"validations": [{"images": 200, "seconds": 90.0}, {"images": 200, "seconds": 4.0}]}
     direct = project(measured, 100, 2000, 200, 4, 2, validation=validated)

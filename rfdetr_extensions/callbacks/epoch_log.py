@@ -1,7 +1,9 @@
 """Per-epoch timings, step losses and learning rates of a training run, appended to a JSON-lines file.
 
 `EpochLog` writes one record per epoch (rank 0 only) to the file it is given: train and validation seconds, images
-and images/s, the host's wait for data and for the first batch, where the validation's time went (its loader's first
+and images/s, the seconds between the previous epoch's record and this epoch's start (that epoch's checkpoints,
+which Lightning's checkpoint callbacks write after every other callback's epoch end), the host's wait for data and
+for the first batch, where the validation's time went (its loader's first
 batch, its batches, its end: the COCO metric and the F1 sweep), torch.compile's cache lookups (a cold cache shows
 misses: graphs compiled in this epoch), a digest of torch's random number generators at the epoch's start (two runs
 of one seed whose digests part drew different random numbers before that epoch, its loader's worker seeds among
@@ -66,6 +68,7 @@ class EpochLog(pl.Callback):
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.full_collections = FullCollections()  # the process's full garbage collections
+        self.previous_epoch_ended: float | None = None  # this callback's end of the process's previous epoch
 
     def setup(self, trainer: pl.Trainer, module: pl.LightningModule, stage: str) -> None:
         self.full_collections.start()
@@ -76,6 +79,10 @@ class EpochLog(pl.Callback):
     def on_train_epoch_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
         sync()
         self.record: dict[str, Any] = {"epoch": trainer.current_epoch, "images": 0, "lr": []}
+        # None in a process's first epoch: what ran before it is the job's start
+        self.record["since_previous_epoch_seconds"] = (
+            None if self.previous_epoch_ended is None else round(time.perf_counter() - self.previous_epoch_ended, 3)
+        )
         self.record["rng_digests"] = rng_digests()
         self.losses: list[Any] = []
         # An event on the GPU's stream at each step's end: the steps' durations on the GPU's own clock, read
@@ -181,3 +188,4 @@ class EpochLog(pl.Callback):
             self.record["images_per_second"],
             self.val_seconds,
         )
+        self.previous_epoch_ended = time.perf_counter()
