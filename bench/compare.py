@@ -60,6 +60,8 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         "steady_images_per_second": round(steady, 1) if steady else None,
         "mid_epoch_images_per_second": mid_epoch_images_per_second(later),
         "first_batch_seconds": [r.get("first_batch_seconds") for r in records],
+        # the wait before each epoch for the previous one's last.ckpt (None: a process's first epoch, or not recorded)
+        "since_previous_epoch_seconds": [r.get("since_previous_epoch_seconds") for r in records],
         "epoch0_seconds": first["train_seconds"],
         "epoch0_overhead_seconds": round(first["train_seconds"] - first["images"] / steady, 1) if steady else None,
         "first_validation_seconds": first["val_seconds"],

@@ -25,6 +25,19 @@ def run(images_per_second: float, losses: list[float], batch: int) -> dict:
     }
 
 
+def test_the_summary_gives_each_epochs_rate_and_its_wait_for_the_previous_epochs_checkpoint():
+    from bench.compare import summarize
+
+    records = [
+        {"epoch": e, "images": 1000, "train_seconds": t, "val_seconds": 1.0, "images_per_second": 1000 / t}
+        | {"since_previous_epoch_seconds": gap, "peak_memory_gb": 1.0}
+        for e, t, gap in ((0, 20.0, None), (1, 10.0, 1.5), (2, 10.0, 0.2))
+    ]
+    summary = summarize(records)
+    assert summary["steady_images_per_second"] == 100.0 and summary["epoch0_overhead_seconds"] == 10.0
+    assert summary["since_previous_epoch_seconds"] == [None, 1.5, 0.2]
+
+
 def test_a_twice_larger_batch_is_compared_with_the_mean_of_two_reference_steps():
     assert on_the_same_images([4.0, 2.0, 6.0, 8.0, 1.0], 2) == [3.0, 7.0]  # a lone last step has no partner
 
