@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# checkpoints_in_background on the H200: the train stage without and with it, one block of four epochs each, one
+# after the other on one compile cache, on the set of COCO's train/validation proportion at COCO's image sizes.
+# Two device calls back to back (the second finds the first's /dev/shm set and /tmp compile cache):
+#   OUT=$OUT PART=1 bash bench/results/2026-12-05-checkpoints/gpu-call.sh   # the set, and a run that fills the cache
+#   OUT=$OUT PART=2 bash bench/results/2026-12-05-checkpoints/gpu-call.sh   # without, then with
+# Compare since_previous_epoch_seconds, train_seconds and the train job's seconds (summary-<name>.json), and project
+# each with bench.projection.
+set -u
+cd "$(dirname "$0")/../../.."
+S="DATA=/dev/shm/coco-prop N_TRAIN=11829 N_VAL=500 DETAIL=coco ROUTE=h200 TRAIN_ONLY=1 SHARE_CACHE=1"
+if [ "${PART:?PART is 1 or 2}" = 1 ]; then
+  env $S NAME=fill EPOCHS=1 LIMIT=450 bash bench/gpu_run.sh route
+else
+  export PYTHONPATH=/tmp/site:$PWD
+  without=$(python3 -c 'import json, rfdetr_extensions as r
+print(json.dumps({"speedups": [n for n in r.NAMES if n != "checkpoints_in_background"]}))')
+  env $S NAME=without EPOCHS=4 TRAIN="$without" LIMIT=270 bash bench/gpu_run.sh route
+  env $S NAME=with EPOCHS=4 LIMIT=270 bash bench/gpu_run.sh route
+  for name in without with; do
+    python3 -c 'import json, sys
+run = json.load(open(sys.argv[1]))[sys.argv[2]]
+for r in run["records"]:
+    print(sys.argv[2], r["epoch"], r.get("since_previous_epoch_seconds"), r["train_seconds"], r["val_seconds"])
+print(sys.argv[2], "train job", run["job_seconds"].get("train/block_01"))' "$OUT/summary-$name.json" "$name" \
+      | tee -a "$OUT/gaps.txt"
+  done
+fi
