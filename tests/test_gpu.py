@@ -82,6 +82,10 @@ def test_the_h200_row_as_a_user_gets_it_captures_and_replays_cuda_graphs(workdir
         assert epoch["step_seconds"] and all(seconds > 0 for seconds in epoch["step_seconds"])
         assert epoch["frozen_objects"] > 10_000
         assert "Host threads of the training process: 1" in log
+    # the second block resumed from the first's last.ckpt, which checkpoints_in_background wrote from host copies
+    assert "resuming from the previous block's checkpoint" in (workdir / "results/logs/train/block_02.log").read_text()
+    saved = torch.load(workdir / "results/train/block_01/checkpoint.ckpt", weights_only=False)
+    assert saved["epoch"] == 0 and {t.device.type for t in saved["state_dict"].values()} == {"cpu"}
 
 
 @pytest.mark.skipif(not TRANSFORMER_ENGINE, reason="Transformer Engine is not installed (README: 'The FP8 route')")
