@@ -4,6 +4,7 @@
 # Two device calls back to back (the second finds the first's /dev/shm set and /tmp compile cache):
 #   OUT=$OUT PART=1 bash bench/results/2026-12-05-checkpoints/gpu-call.sh   # the set, and a run that fills the cache
 #   OUT=$OUT PART=2 bash bench/results/2026-12-05-checkpoints/gpu-call.sh   # without, then with
+#   OUT=$OUT PART=2 ORDER="with without" SUFFIX=2 bash ...gpu-call.sh       # a second pair, in the other order
 # Compare since_previous_epoch_seconds, train_seconds and the train job's seconds (summary-<name>.json), and project
 # each with bench.projection.
 set -u
@@ -15,9 +16,12 @@ else
   export PYTHONPATH=/tmp/site:$PWD
   without=$(python3 -c 'import json, rfdetr_extensions as r
 print(json.dumps({"speedups": [n for n in r.NAMES if n != "checkpoints_in_background"]}))')
-  env $S NAME=without EPOCHS=4 TRAIN="$without" LIMIT=270 bash bench/gpu_run.sh route
-  env $S NAME=with EPOCHS=4 LIMIT=270 bash bench/gpu_run.sh route
-  for name in without with; do
+  order=${ORDER:-without with} suffix=${SUFFIX:-}
+  for kind in $order; do
+    if [ "$kind" = without ]; then train=$without; else train='{}'; fi
+    env $S NAME=$kind$suffix EPOCHS=4 TRAIN="$train" LIMIT=270 bash bench/gpu_run.sh route
+  done
+  for name in $(for kind in $order; do echo "$kind$suffix"; done); do
     python3 -c 'import json, sys
 run = json.load(open(sys.argv[1]))[sys.argv[2]]
 for r in run["records"]:
