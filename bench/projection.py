@@ -5,11 +5,15 @@ usage: python -m bench.projection SUMMARY.json --run NAME --measured-val-images 
            [--validation VALIDATION.json|epochs.jsonl] [--train-images 118287] [--val-images 5000] [--epochs 40]
            [--epochs-per-block 10]
 
-The run is one training job (one block) of two or more epochs. From its epochs after the first: training images/s,
+The run is one training job (one block) of two or more epochs. From its epochs after the first: the training
+rate of the steps past each epoch's start (bench.compare's mid-epoch images/s, from EpochLog's `step_seconds`), each
+epoch's start (its training seconds beyond its images at that rate: the loader's first batches, the first steps),
 validation seconds per image (N images were validated each epoch), and the seconds between two epochs (the previous
-epoch's checkpoints, EpochLog's `since_previous_epoch_seconds`; 0 where the records predate it, as the printed
-inputs say). Each projected epoch pays all three, so a block of ten epochs pays ten checkpoints where the measured
-block of two paid two. From its whole job (Snakemake's benchmark of
+epoch's checkpoints, EpochLog's `since_previous_epoch_seconds`). Each projected epoch pays one start, its images at
+the rate, its validation and one wait between epochs, so a block of ten epochs pays ten checkpoints where the
+measured block of two paid two, and a COCO epoch ten times the benchmark set's pays its start once, not ten times.
+Where the records predate `step_seconds` or `since_previous_epoch_seconds`, the rate is whole epochs' and the start
+or the wait is 0, as the printed inputs say. From its whole job (Snakemake's benchmark of
 `train/block_01`): what a block costs beyond its epochs at that steady pace, its fixed cost. That is the job's start
 (process, staging, model build), its epoch-0 overhead (compile, CUDA graph recording), its first validation's extra
 and its end (checkpoints, exit). Each block of the projected run pays it once, with the compile caches the measured
@@ -45,24 +49,46 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+from bench.compare import mid_epoch_images_per_second
 from pipeline.blocks import block_ranges
 from pipeline.common import read_json, run_main
 
 TRAIN_JOB = "train/block_01"
 
 
-def steady_rates(run: dict[str, Any], measured_val_images: int) -> tuple[float, float, float | None]:
-    """Training images/s, validation seconds per image and seconds between two epochs (None: not recorded) over
-    the run's epochs after the first."""
+class Rates(NamedTuple):
+    """A measured run's pace over its epochs after the first."""
+
+    train_images_per_second: float  # mid-epoch where step times are recorded, else whole epochs'
+    epoch_start_seconds: float | None  # each epoch's training seconds beyond its images at that rate (None: 0)
+    validation_seconds_per_image: float
+    seconds_between_epochs: float | None  # the previous epoch's checkpoints (None: not recorded, 0)
+
+    def epoch_train_seconds(self, images: float) -> float:
+        return (self.epoch_start_seconds or 0.0) + images / self.train_images_per_second
+
+    def epoch_seconds(self, images: float, val_seconds: float) -> float:
+        return self.epoch_train_seconds(images) + val_seconds + (self.seconds_between_epochs or 0.0)
+
+
+def steady_rates(run: dict[str, Any], measured_val_images: int) -> Rates:
+    """The run's `Rates` over its epochs after the first."""
     later = run["records"][1:]
     if not later:
         raise ValueError("the run needs at least two epochs: the first pays the start, the others give the rates")
-    steady = sum(r["images"] for r in later) / sum(r["train_seconds"] for r in later)
+    train_seconds = sum(r["train_seconds"] for r in later)
+    rate = mid_epoch_images_per_second(later)
+    start = None
+    if rate is None:
+        rate = sum(r["images"] for r in later) / train_seconds
+    else:
+        start = (train_seconds - sum(r["images"] for r in later) / rate) / len(later)
     gaps = [r["since_previous_epoch_seconds"] for r in later if r.get("since_previous_epoch_seconds") is not None]
     between = sum(gaps) / len(gaps) if gaps else None
-    return steady, sum(r["val_seconds"] for r in later) / (len(later) * measured_val_images), between
+    val_per_image = sum(r["val_seconds"] for r in later) / (len(later) * measured_val_images)
+    return Rates(rate, start, val_per_image, between)
 
 
 def read_validation(path: Path) -> dict[str, Any]:
@@ -90,16 +116,14 @@ def job_seconds(run: dict[str, Any]) -> float:
     return run["job_seconds"][TRAIN_JOB]
 
 
-def block_fixed_seconds(
-    run: dict[str, Any], measured_val_images: int, rates: tuple[float, float, float | None] | None = None
-) -> float:
+def block_fixed_seconds(run: dict[str, Any], measured_val_images: int, rates: Rates | None = None) -> float:
     """The job's wall seconds less its epochs at the steady pace, each with the seconds between two epochs (the
     run's own, or `rates`): what a block (the notebook: its one process) costs once, whatever its length. The
     measured job's last epoch has no next one, so its checkpoints stay in this fixed cost, as a block's last
     epoch's do."""
-    steady, val_per_image, between = rates or steady_rates(run, measured_val_images)
-    epoch = measured_val_images * val_per_image + (between or 0.0)
-    paced = sum(r["images"] / steady + epoch for r in run["records"])
+    rates = rates or steady_rates(run, measured_val_images)
+    val_seconds = measured_val_images * rates.validation_seconds_per_image
+    paced = sum(rates.epoch_seconds(r["images"], val_seconds) for r in run["records"])
     return job_seconds(run) - paced
 
 
@@ -124,25 +148,33 @@ def project(
     stage_seconds: float | None = None,
 ) -> dict[str, Any]:
     """The projected hours and the measured inputs they come from (see the module's text)."""
-    steady, val_per_image, between = steady_rates(run, measured_val_images)
-    block_fixed = block_fixed_seconds(run, measured_val_images)
+    rates = steady_rates(run, measured_val_images)
+    block_fixed = block_fixed_seconds(run, measured_val_images, rates)
     notebook = is_notebook(run)
     blocks = 1 if notebook else len(block_ranges(epochs, epochs_per_block))
-    val_seconds = val_images * val_per_image
+    val_seconds = val_images * rates.validation_seconds_per_image
     if validation is not None:
         warm = validation["validations"][1:]
         if not warm or any(record["images"] not in (val_images, None) for record in warm):
             raise ValueError(f"--validation needs validations after the first, each of {val_images} images")
         val_seconds = sum(record["seconds"] for record in warm) / len(warm)
-    epoch_seconds = train_images / steady + val_seconds + (between or 0.0)
+    epoch_seconds = rates.epoch_seconds(train_images, val_seconds)
     copy = (run.get("stage_seconds") or 0.0) if stage_seconds is None else stage_seconds
     total = epochs * epoch_seconds + blocks * block_fixed - (blocks - 1) * copy + cold_start_seconds
     return {
         "inputs": {
-            "steady_train_images_per_second": round(steady, 1),
-            "validation_seconds_per_image": round(val_per_image, 5),
+            "steady_train_images_per_second": round(rates.train_images_per_second, 1),
+            "train_images_per_second_from": "whole epochs (no step times recorded)"
+            if rates.epoch_start_seconds is None
+            else "mid-epoch steps",
+            "epoch_start_seconds": "not recorded: counted as 0"
+            if rates.epoch_start_seconds is None
+            else round(rates.epoch_start_seconds, 2),
+            "validation_seconds_per_image": round(rates.validation_seconds_per_image, 5),
             "validation_seconds": round(val_seconds, 2),
-            "seconds_between_epochs": "not recorded: counted as 0" if between is None else round(between, 2),
+            "seconds_between_epochs": "not recorded: counted as 0"
+            if rates.seconds_between_epochs is None
+            else round(rates.seconds_between_epochs, 2),
             "validation_from": validation.get("from", "bench.validation")
             if validation
             else "the run, scaled per image",

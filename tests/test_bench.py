@@ -393,6 +393,46 @@ def test_the_projection_adds_epochs_at_the_measured_rates_and_each_blocks_fixed_
         project({**measured, "job_seconds": {}}, 100)
 
 
+def test_each_epochs_start_is_paid_once_however_many_images_the_epoch_has():
+    from bench.compare import EPOCH_START_STEPS
+    from bench.projection import project
+
+    # 20 steps of 50 images an epoch: the first steps wait 1 s each for the loader's first batches, the others take
+    # 0.5 s (100 images/s mid-epoch); step_seconds spans the steps after the first, which took 1 s too
+    steps = [1.0] * EPOCH_START_STEPS + [0.5] * (19 - EPOCH_START_STEPS)
+    start = 1.0 + EPOCH_START_STEPS * 1.0 - (EPOCH_START_STEPS + 1) * 0.5  # beyond those steps at 0.5 s each
+    train = sum(steps) + 1.0
+
+    def epoch(number: int, extra: float = 0.0) -> dict:
+        return {
+            "epoch": number,
+            "images": 1000,
+            "train_seconds": train + extra,
+            "val_seconds": 5.0,
+            "step_seconds": steps,
+        }
+
+    measured = {
+        "epoch0_overhead_seconds": 50.0,
+        "job_seconds": {"train/block_01": 200.0},
+        "records": [epoch(0, 50.0), epoch(1), epoch(2)],
+    }
+    result = project(
+        measured, measured_val_images=100, train_images=10_000, val_images=100, epochs=4, epochs_per_block=2
+    )
+    inputs = result["inputs"]
+    assert inputs["steady_train_images_per_second"] == 100.0 and inputs["epoch_start_seconds"] == start
+    assert inputs["train_images_per_second_from"] == "mid-epoch steps"
+    # an epoch ten times larger: 10,000 images at 100/s, one start, the validation; not ten times the measured epoch
+    assert result["epoch_seconds"] == 10_000 / 100 + start + 5.0
+    assert inputs["block_fixed_seconds"] == 200.0 - 3 * (train + 5.0)  # the measured epochs, each with its start
+    # records without step times (older runs, the CPU) fall back to whole epochs' rate and say so
+    bare = {**measured, "records": [{k: v for k, v in r.items() if k != "step_seconds"} for r in measured["records"]]}
+    fallback = project(bare, 100, 10_000, 100, 4, 2)["inputs"]
+    assert fallback["epoch_start_seconds"] == "not recorded: counted as 0"
+    assert fallback["steady_train_images_per_second"] == round(2000 / (2 * train), 1)
+
+
 def test_the_cold_start_is_the_cold_runs_fixed_cost_less_the_warm_runs(tmp_path):
     from bench.projection import cold_start_seconds
 
