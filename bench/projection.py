@@ -39,6 +39,7 @@ with it): its validations after the first, from a `bench.validation` output, or 
 vouches for them). Prints the inputs beside the result, as JSON. Arithmetic, not a COCO run: the loader's cost at
 COCO's image sizes is whatever the measured runs' images cost. Tests:
 tests/test_bench.py::test_the_projection_adds_epochs_at_the_measured_rates_and_each_blocks_fixed_cost,
+tests/test_bench.py::test_each_epochs_start_is_paid_once_however_many_images_the_epoch_has,
 tests/test_bench.py::test_the_cold_start_is_the_cold_runs_fixed_cost_less_the_warm_runs,
 tests/test_bench.py::test_the_notebook_is_projected_as_one_process_that_pays_its_fixed_cost_once,
 tests/test_bench.py::test_a_validation_of_cocos_size_comes_from_bench_validation_or_an_epoch_log.
