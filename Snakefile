@@ -1,6 +1,5 @@
 # RF-DETR Nano trained from scratch on COCO2017: download -> extract -> verify -> (stage + train blocks) -> plot,
-# evaluate, export; on a GPU, the compile warm-up runs beside the download.
-# See README.md. Settings: config.yaml (validated against schemas/config.schema.yaml).
+# evaluate, export. README.md says how to run it; config.yaml holds every setting.
 from snakemake.utils import min_version
 
 min_version("9.0")
@@ -11,6 +10,7 @@ configfile: "config.yaml"
 
 # Validates the config first: an invalid value stops here, before any job, naming the key.
 include: "rules/common.smk"
+include: "rules/check_gpus.smk"
 include: "rules/download.smk"
 include: "rules/extract.smk"
 include: "rules/verify.smk"

@@ -24,9 +24,9 @@ from typing import Any
 
 import yaml
 
-from pipeline.blocks import block_name, block_ranges
-from pipeline.common import read_json
-from pipeline.dataset import count_images
+from rfdetr_coco_pipeline.blocks import block_name, block_ranges
+from rfdetr_coco_pipeline.common import read_json
+from rfdetr_coco_pipeline.data.dataset import count_images
 
 REPO = Path(__file__).resolve().parents[1]
 

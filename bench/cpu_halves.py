@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import NamedTuple
 
-from pipeline.common import run_main
+from rfdetr_coco_pipeline.common import run_stage
 
 SYSFS = Path("/sys/devices/system")
 
@@ -71,4 +71,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run_main(main)
+    run_stage(main)

@@ -27,9 +27,9 @@ from typing import Any
 
 import yaml
 
-from pipeline.common import md5_of_file
-from pipeline.dataset import count_images
-from scripts.stage import manifest_of, stage_dataset
+from rfdetr_coco_pipeline.common import md5_of_file
+from rfdetr_coco_pipeline.data.dataset import count_images
+from rfdetr_coco_pipeline.data.stage import manifest_of, stage_dataset
 
 REPO = Path(__file__).resolve().parents[1]
 FOLDERS = {"annotations_trainval2017": "annotations", "val2017": "val2017", "train2017": "train2017"}

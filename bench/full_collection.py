@@ -14,7 +14,7 @@ import gc
 import json
 import time
 
-from pipeline.common import run_main
+from rfdetr_coco_pipeline.common import run_stage
 
 
 def full_collection_seconds(repeats: int = 3) -> float:
@@ -43,4 +43,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run_main(main)
+    run_stage(main)

@@ -28,9 +28,9 @@ import sys
 import time
 from typing import Any
 
-from pipeline.common import run_main
-from rfdetr_extensions.patches.images_as_bytes import images_as_bytes
-from rfdetr_extensions.patches.validation_images_as_bytes import validation_images_as_bytes
+from rfdetr_coco_pipeline.common import run_stage
+from rfdetr_coco_pipeline.hooks.patches.images_as_bytes import images_as_bytes
+from rfdetr_coco_pipeline.hooks.patches.validation_images_as_bytes import validation_images_as_bytes
 
 
 def recipe_data(
@@ -194,4 +194,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run_main(main)
+    run_stage(main)

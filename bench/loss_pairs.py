@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.side_by_side import loss_difference, named_runs, step_losses
-from pipeline.common import read_json, run_main
+from rfdetr_coco_pipeline.common import read_json, run_stage
 
 
 def first_epoch_with_other_random_numbers(first: dict[str, Any], second: dict[str, Any]) -> int | None:
@@ -202,4 +202,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run_main(main)
+    run_stage(main)

@@ -6,7 +6,7 @@ usage: python -m bench.profile_steps --dataset DIR --out FILE.json [--batch 128]
            [--threads N] [--sync-debug] [--resolution N] [--trace] [--cudnn-benchmark]
 
 Runs the notebook's `train()` call (bench.stock_recipe) with the speedups of the workflow's registry that
-`--speedups` names (`python -m rfdetr_extensions` lists them; `static_cuda_graphs` also turns on compile and
+`--speedups` names (`python -m rfdetr_coco_pipeline.hooks` lists them; `static_cuda_graphs` also turns on compile and
 cuda_graphs). Steps [start - 2*steps, start) are timed with no profiler (the rate a user gets); steps
 [start, start + steps) run under torch.profiler. Then it writes, per step: wall seconds, GPU-busy seconds (the union
 of every kernel, copy and memset interval on the device), the host seconds of each phase of Lightning's step
@@ -36,8 +36,8 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 
-from pipeline.common import run_main
-from rfdetr_extensions.callbacks.epoch_log import compile_cache_counts
+from rfdetr_coco_pipeline.common import run_stage
+from rfdetr_coco_pipeline.training.callbacks.epoch_log import compile_cache_counts
 
 # (compile, cuda_graphs) of each variant; te_graphs is the notebook's USE_TE_GRAPHS route (FP8, Transformer Engine)
 VARIANTS = {"stock": (None, None), "eager": (False, False), "eager_graphs": (False, True), "te_graphs": (None, None)}
@@ -254,7 +254,7 @@ class StepProfile(pl.Callback):
 
 def parse_speedups(value: str) -> str | list[str]:
     """--speedups: none, all, names separated by commas, or all but some: "all,-name,-name"."""
-    from rfdetr_extensions import NAMES
+    from rfdetr_coco_pipeline.hooks import NAMES
 
     if value in ("none", "all"):
         return value
@@ -268,8 +268,10 @@ def parse_speedups(value: str) -> str | list[str]:
 
 
 def main() -> None:
-    from rfdetr_extensions import SpeedupOptions, applied, select_speedups
-    from rfdetr_extensions.patching import installed_rfdetr
+    from types import SimpleNamespace
+
+    from rfdetr_coco_pipeline.hooks import applied, select_speedups
+    from rfdetr_coco_pipeline.versions import package_version
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", required=True)
@@ -294,7 +296,7 @@ def main() -> None:
     args = parser.parse_args()
     from bench.stock_recipe import train_like_notebook
 
-    selection = select_speedups(args.speedups, installed_rfdetr())
+    selection = select_speedups(args.speedups, package_version("rfdetr"))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     compile_, graphs = VARIANTS[args.variant]
     if "static_cuda_graphs" in selection.names():
@@ -320,7 +322,7 @@ def main() -> None:
     callback.result["speedups"] = selection.names()
     callback.result["cudnn_benchmark"] = torch.backends.cudnn.benchmark
     callback.result["coordinate_descent_tuning"] = inductor_config.coordinate_descent_tuning
-    with applied(selection, SpeedupOptions(loader_niceness=args.loader_niceness)) as speedup_callbacks:
+    with applied(selection, SimpleNamespace(loader_niceness=args.loader_niceness)) as speedup_callbacks:
         train_like_notebook(
             args.dataset,
             args.out.parent / f"run-{name}",
@@ -336,4 +338,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run_main(main)
+    run_stage(main)

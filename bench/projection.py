@@ -53,8 +53,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from bench.compare import mid_epoch_images_per_second
-from pipeline.blocks import block_ranges
-from pipeline.common import read_json, run_main
+from rfdetr_coco_pipeline.blocks import block_ranges
+from rfdetr_coco_pipeline.common import read_json, run_stage
 
 TRAIN_JOB = "train/block_01"
 
@@ -237,4 +237,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run_main(main)
+    run_stage(main)

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pipeline.common import read_json, run_main
+from rfdetr_coco_pipeline.common import read_json, run_stage
 
 
 def step_losses(run: dict[str, Any]) -> list[float]:
@@ -150,4 +150,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run_main(main)
+    run_stage(main)

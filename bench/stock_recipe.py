@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pipeline.common import run_main
+from rfdetr_coco_pipeline.common import run_stage
 
 
 def train_like_notebook(
@@ -36,7 +36,7 @@ def train_like_notebook(
     import pytorch_lightning as pl
     from rfdetr import RFDETRNano
 
-    from rfdetr_extensions.trainer_hook import extra_callbacks
+    from rfdetr_coco_pipeline.training.callbacks import attached
 
     # The notebook leaves the model's initialisation unseeded (its train() seeds only after the model is built).
     # Seeding it with the training seed, as the workflow does, makes loss curves comparable step by step.
@@ -47,7 +47,7 @@ def train_like_notebook(
         pretrain_weights=None,
     )
     sized = {"resolution": resolution} if resolution else {}
-    with extra_callbacks(callbacks):
+    with attached(callbacks):
         model.train(  # the notebook's cell, with its EPOCHS, BATCH_SIZE, dataset and output folder as arguments
             dataset_file="coco",
             dataset_dir=dataset,
@@ -69,8 +69,8 @@ def train_like_notebook(
 
 
 def main() -> None:
-    from rfdetr_extensions.callbacks.block_end import StopAtBlockEnd
-    from rfdetr_extensions.callbacks.epoch_log import EpochLog
+    from rfdetr_coco_pipeline.training.callbacks.block_end import StopAtBlockEnd
+    from rfdetr_coco_pipeline.training.callbacks.epoch_log import EpochLog
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", required=True)
@@ -88,4 +88,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run_main(main)
+    run_stage(main)

@@ -3,7 +3,7 @@
 usage: python -m bench.validation --dataset DIR --out FILE.json [--epochs 3] [--speedups all|none|NAME,...|all,-NAME]
            [--workers 16] [--profile auto|NAME] [--eager] [--state DIR] [--whole] [--eval-batch N] [--trace FILE]
 
-Trains `--epochs` epochs through the train stage's own rfdetr call (`pipeline.rfdetr_call.run_rfdetr`: config.yaml's
+Trains `--epochs` epochs through the train stage's own rfdetr call (`rfdetr_coco_pipeline.training.rfdetr_call.run_rfdetr`: config.yaml's
 recipe and GPU profile, the selected speedups), so validation runs exactly as in a workflow run. Use a set with few
 training images and many validation images (`bench/synth_coco.py DIR 1024 5000`): then most of the time is
 validation. Two Lightning callbacks, one before and one after every other callback, wait for the GPU at each
@@ -39,10 +39,13 @@ from typing import Any
 import pytorch_lightning as pl
 import yaml
 
-from pipeline.common import log, run_main, write_json
-from pipeline.recipe import recipe_of
-from pipeline.rfdetr_call import configure_compile_cache, run_rfdetr, train_kwargs, training_route
-from rfdetr_extensions.patching import installed_rfdetr, patch_rfdetr
+from rfdetr_coco_pipeline.common import log, run_stage, write_json
+from rfdetr_coco_pipeline.hooks.patching import patch_rfdetr
+from rfdetr_coco_pipeline.settings import Settings
+from rfdetr_coco_pipeline.training.recipe import run_recipe
+from rfdetr_coco_pipeline.training.rfdetr_call import configure_compile_cache, run_rfdetr, train_kwargs
+from rfdetr_coco_pipeline.training.route import settle_route
+from rfdetr_coco_pipeline.versions import package_version
 
 PHASES = ("loader", "forward", "batch_callbacks", "epoch_end", "validation_end")
 
@@ -211,30 +214,31 @@ def main() -> None:
     parser.add_argument("--trace", type=Path, help="profile the second validation, its trace to this .json.gz")
     args = parser.parse_args()
 
-    settings = yaml.safe_load(Path("config.yaml").read_text())
-    train = {**settings["train"], "epochs": args.epochs, "speedups": args.speedups, "device": args.device}
-    version = installed_rfdetr()
-    route = training_route({**train, "profile": args.profile}, settings["gpu_profiles"], version)
+    config = yaml.safe_load(Path("config.yaml").read_text())
+    train = {"epochs": args.epochs, "speedups": args.speedups, "device": args.device, "profile": args.profile}
+    settings = Settings.from_config({**config, "train": {**config["train"], **train}})
+    version = package_version("rfdetr")
+    route = settle_route(settings, version)
     if args.eager:  # no compile: minutes less per run, the same validation code around the model
-        eager = {"compile": False, "cuda_graphs": False, "name": f"{route.profile['name']}-eager"}
-        route = replace(route, profile={**route.profile, **eager})
-    device, speedups, profile = route.device, route.speedups, route.profile
-    recipe = recipe_of(train, profile, version)
+        eager = {"compile": False, "cuda_graphs": False, "name": f"{route.profile.name}-eager"}
+        route = replace(route, profile=route.profile.model_copy(update=eager))
+    speedups, profile = route.speedups, route.profile
+    recipe = run_recipe(settings.recipe, profile, version)
     state_dir = args.state or args.out.parent / f"{args.out.stem}-state"
     state_dir.mkdir(parents=True, exist_ok=True)
     configure_compile_cache(state_dir)
-    kwargs = train_kwargs(recipe, str(args.dataset), state_dir, args.workers, device, ["csv"])
+    kwargs = train_kwargs(recipe, route, Path(args.dataset), state_dir, args.workers)
     if args.eval_batch:
         kwargs["eval_batch_size"] = args.eval_batch
         log.info("Validation batch: %d images (--eval-batch)", args.eval_batch)
-    log.info("GPU profile %s (%s); speedups: %s", profile["name"], route.reason, ", ".join(speedups.names()) or "none")
+    log.info("GPU profile %s (%s); speedups: %s", profile.name, route.reason, ", ".join(speedups.names()) or "none")
     record = PhaseRecord(phases=not args.whole)
     with clocked_trainer(record, args.trace):
-        run_rfdetr(recipe, route, kwargs, args.epochs, train)
+        run_rfdetr(settings, route, kwargs, args.epochs)
     write_json(
         args.out,
         {
-            "profile": profile,
+            "profile": profile.model_dump(),
             "speedups": speedups.names(),
             "eval_batch_size": kwargs["eval_batch_size"],
             "validations": record.records,
@@ -245,4 +249,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run_main(main)
+    run_stage(main)

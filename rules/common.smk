@@ -1,92 +1,64 @@
+# What the rules share: the validated settings, the paths, the blocks, and the input functions.
 import json
 import os
-import re
 import sys
 from pathlib import Path
 
-from snakemake.common.configfile import load_configfile
 from snakemake.exceptions import WorkflowError
-from snakemake.logging import logger
 
-sys.path.insert(0, workflow.basedir)
-from pipeline.blocks import block_name, block_ranges
-from pipeline.common import CONFIG_ENV, REFETCH_ENV
-from pipeline.config_check import (
-    ConfigError,
-    coerce_to_schema,
-    load_schema,
-    validate_config,
-)
-from pipeline.export_formats import missing_message, missing_modules
-from pipeline.needs import gpu_preflight, needs_summary, training_job_cores
-from pipeline.recipe import RECIPE_KEYS
+# This checkout's package, for this file and (through PYTHONPATH) for its jobs, whichever copy is installed.
+SOURCE = Path(workflow.basedir) / "src"
+sys.path.insert(0, str(SOURCE))
+from rfdetr_coco_pipeline.blocks import run_blocks
+from rfdetr_coco_pipeline.config_check import ConfigError
+from rfdetr_coco_pipeline.export import missing_message, missing_modules
+from rfdetr_coco_pipeline.needs import checks_gpus, needs_summary, training_job_cores
+from rfdetr_coco_pipeline.settings import SETTINGS_ENV, load_settings
 
-SCHEMA = Path(workflow.basedir) / "schemas" / "config.schema.yaml"
-# `--config 'train={"epochs": 20}'` arrives as {"epochs": "20"}: the schema says what each string stands for.
-config.update(coerce_to_schema(dict(config), load_schema(SCHEMA)))
-CONFIG_SOURCES = [
-    *((str(path), load_configfile(path)) for path in workflow.configfiles),
-    *(
-        (f"--configfile {path}", load_configfile(path))
-        for path in workflow.config_settings.configfiles
-    ),
-    ("--config", dict(workflow.config_settings.config)),
-]
 try:
-    validate_config(config, SCHEMA, CONFIG_SOURCES)
+    SETTINGS = load_settings(
+        config,
+        Path(workflow.basedir) / "schemas" / "config.schema.yaml",
+        Path("config.yaml"),
+    )
 except ConfigError as error:
     raise WorkflowError(str(error)) from None
 # Said now, not after hours of training: the export stage would stop on it.
-for fmt in config["export"]["formats"]:
+for fmt in SETTINGS.export.formats:
     if missing := missing_modules(fmt):
-        logger.warning(f"Warning: {missing_message(fmt, missing)}")
+        print(f"Warning: {missing_message(fmt, missing)}", file=sys.stderr)
 
-# Rules run `python -m scripts.<stage>`: that must be the interpreter running snakemake (a conda env,
-# when used, is activated in the job's shell and comes first), with this folder importable.
+# A rule's shell runs `<stage>.py` of scripts/ (first on PATH) with the `python3` of the interpreter running
+# snakemake (a conda env, when used, is activated in the job's shell and comes first) and this checkout's package.
+# Jobs read the settings validated above from the environment, not from params: changing how a run goes never
+# reruns a finished job.
 os.environ.update(
     PATH=os.pathsep.join(
-        [str(Path(sys.executable).parent), os.environ.get("PATH", "")]
+        [
+            str(Path(workflow.basedir) / "scripts"),
+            str(Path(sys.executable).parent),
+            os.environ.get("PATH", ""),
+        ]
     ),
     PYTHONPATH=os.pathsep.join(
-        filter(None, [workflow.basedir, os.environ.get("PYTHONPATH")])
+        filter(None, [str(SOURCE), os.environ.get("PYTHONPATH")])
     ),
 )
-# How-to-run settings reach the scripts through the environment, not params: changing them never
-# reruns a finished job (see pipeline/common.py: pipeline_config).
-os.environ[CONFIG_ENV] = json.dumps(config)
-# A download kept aside for a wrong MD5 is fetched again only when the user asked for it (scripts/download.py). A
-# cluster job's own snakemake (told its job with --target-jobs, and always --force) keeps what the user's run set.
-FORCING = ("--forcerun", "-R", "--forceall", "-F", "--force", "-f")
-if "--target-jobs" not in sys.argv:
-    os.environ[REFETCH_ENV] = str(int(any(arg in FORCING for arg in sys.argv)))
+os.environ[SETTINGS_ENV] = SETTINGS.model_dump_json()
 
-
-# Through a cluster executor these rules run on the machine where snakemake runs, not on a compute node: most
-# clusters' compute nodes cannot reach the internet (config.yaml: cluster.local_rules).
-workflow.localrules(
-    *config["cluster"]["local_rules"]
-)  # the `localrules:` directive, for a list from the config
-
-
-DATA = Path(config["data_dir"])
-ARCHIVES = DATA / "archives"
-DATASET = DATA / "coco2017"
-RESULTS = Path(config["results_dir"])
+PATHS = SETTINGS.paths
+DATASET = PATHS.dataset
+RESULTS = PATHS.results
 LOGS = RESULTS / "logs"
 BENCHMARKS = RESULTS / "benchmarks"
-TRAIN = RESULTS / "train"
+TRAIN = PATHS.train
 EVAL = RESULTS / "eval"
 EXPORT = RESULTS / "export"
+GPU_CHECK = RESULTS / "preflight" / "gpus.json"
 
-ARCHIVE_NAMES = list(config["archives"])
-FOLDERS = [config["archives"][name]["folder"] for name in ARCHIVE_NAMES]
-ARCHIVE_OF_FOLDER = dict(zip(FOLDERS, ARCHIVE_NAMES))
-BLOCKS = {
-    block_name(i + 1): epochs
-    for i, epochs in enumerate(
-        block_ranges(config["train"]["epochs"], config["train"]["epochs_per_block"])
-    )
-}
+ARCHIVE_NAMES = [archive.name for archive in SETTINGS.archives]
+FOLDERS = [archive.folder for archive in SETTINGS.archives]
+BLOCKS = run_blocks(SETTINGS)
 BLOCK_OUTPUTS = [
     "checkpoint.ckpt",
     "best.pth",
@@ -95,30 +67,36 @@ BLOCK_OUTPUTS = [
     "run.json",
     "stage.json",
 ]
-# Settings that shape the trained weights (pipeline/recipe.py): a change reruns training.
-RECIPE = {key: config["train"][key] for key in RECIPE_KEYS}
+# The settings that shape the trained weights: as a parameter of the training rules, a change reruns training.
+RECIPE = SETTINGS.recipe.as_parameter()
+ON_GPU = SETTINGS.train.device == "cuda"
 
 
 wildcard_constraints:
     archive="|".join(ARCHIVE_NAMES),
     folder="|".join(FOLDERS),
     block="|".join(BLOCKS),
-    format="|".join(config["export"]["formats"]) or "none",
+    format="|".join(SETTINGS.export.formats) or "none",
+
+
+def runs_here(rule_name):
+    """Through a cluster executor, the rules of cluster.local_rules run where snakemake runs (most compute nodes
+    cannot reach the internet); without one, every rule does."""
+    return rule_name in SETTINGS.cluster.local_rules
 
 
 def archive_path(name):
-    return str(ARCHIVES / f"{name}.zip")
+    return str(PATHS.archives / f"{name}.zip")
 
 
-def previous_extraction(wildcards):
-    """Download archives one at a time, each after the previous one is extracted (and deleted).
-
-    ancient(): only the order matters; re-extracting an earlier archive must not refetch the later ones.
+def download_after(wildcards):
+    """The first archive is fetched once the GPUs are checked; each later one after the previous one is extracted
+    (and deleted). ancient(): only the order matters; redoing an earlier step must not refetch the later ones.
     """
     index = ARCHIVE_NAMES.index(wildcards.archive)
     if index == 0:
-        return []
-    return ancient(DATASET / config["archives"][ARCHIVE_NAMES[index - 1]]["folder"])
+        return ancient(GPU_CHECK)
+    return ancient(DATASET / FOLDERS[index - 1])
 
 
 def block_outputs(block):
@@ -136,17 +114,16 @@ def previous_block(wildcards):
 
 
 def compile_warmup_report(wildcards):
-    """The first block of a GPU run waits for the compile warm-up (rules/compile_warmup.smk) when train2017 has yet
-    to be extracted, so that the warm-up runs beside its download. With the data already there nothing would hide it,
-    and it would delay training by about as much as it saves (BENCHMARKS.md, "The start and end of a training job").
+    """The first block of a GPU run waits for the compile warm-up when train2017 has yet to be extracted, so that
+    the warm-up runs beside its download. With the data already there nothing would hide it, and it would delay
+    training by about as much as it saves.
 
     A report already written keeps the block's inputs as they were when it trained, in later runs too: Snakemake
-    reruns a job whose set of inputs changed. ancient(): a warm-up run again (a recipe change reruns it) must not
-    retrain by itself.
+    reruns a job whose set of inputs changed. ancient(): a warm-up run again must not retrain by itself.
     """
     warmup_report = TRAIN / "compile_warmup.json"
     first = wildcards.block == next(iter(BLOCKS))
-    wanted = config["train"]["compile_warmup"] and config["train"]["device"] == "cuda"
+    wanted = SETTINGS.train.compile_warmup and ON_GPU
     if (
         first
         and wanted
@@ -157,21 +134,18 @@ def compile_warmup_report(wildcards):
 
 
 def train_mem_mb(wildcards):
-    staged = sum(a["extracted_bytes"] for a in config["archives"].values()) // 10**6
-    return config["resources"]["train_mem_mb"] + (
-        staged if config["stage"]["enabled"] else 0
-    )
+    staged = sum(archive.extracted_bytes for archive in SETTINGS.archives) // 10**6
+    return SETTINGS.resources.train_mem_mb + (staged if SETTINGS.stage.enabled else 0)
 
 
 def train_runtime(wildcards):
     start, end = BLOCKS[wildcards.block]
-    return int(30 + config["resources"]["train_minutes_per_epoch"] * (end - start))
+    return int(30 + SETTINGS.resources.train_minutes_per_epoch * (end - start))
 
 
 def final_targets():
-    last = list(BLOCKS)[-1]
     return [
-        *block_outputs(last).values(),
+        *block_outputs(list(BLOCKS)[-1]).values(),
         str(RESULTS / "metrics.csv"),
         str(RESULTS / "plots" / "loss.png"),
         str(RESULTS / "plots" / "map.png"),
@@ -182,44 +156,10 @@ def final_targets():
         str(EVAL / "metrics.html"),
         str(EVAL / "per_class.csv"),
         str(EVAL / "per_class.png"),
-        *(str(EXPORT / f"model.{fmt}") for fmt in config["export"]["formats"]),
+        *(str(EXPORT / f"model.{fmt}") for fmt in SETTINGS.export.formats),
     ]
 
 
-def report_requested():
-    """Whether this snakemake was asked for `--report` (the report is built after this file is read)."""
-    return any(arg == "--report" or arg.startswith("--report=") for arg in sys.argv)
-
-
-# A report before the run has finished would stop on the first missing file, after a warning per output: say
-# instead what is missing and how to get it.
-if report_requested():
-    missing = [target for target in final_targets() if not Path(target).exists()]
-    if missing:
-        raise WorkflowError(
-            f"The report shows the finished run, and {len(missing)} of its files are missing:\n  "
-            + "\n  ".join(missing)
-            + "\nRun `snakemake --cores all` to the end first (it resumes where it stopped), then ask for the "
-            "report again. While training runs, watch it with TensorBoard instead (README, 'Watching a run')."
-        )
-
-
-def dry_run_requested():
-    """Whether this snakemake was asked for a dry run (-n, also among other short flags such as -np)."""
-    return any(
-        arg in ("--dry-run", "--dryrun") or re.fullmatch(r"-[a-zA-Z]*n[a-zA-Z]*", arg)
-        for arg in sys.argv[1:]
-    )
-
-
-if dry_run_requested():
-    logger.info(needs_summary(config))
-
-
 onstart:
-    # Jobs are about to run. On this machine (not through a cluster executor, whose login node has no GPU), a
-    # training or evaluation job that is due stops here if there is no GPU: before the first download.
-    if workflow.local_exec and not workflow.touch:
-        due = {job.rule.name for job in workflow.dag.needrun_jobs()}
-        if problem := gpu_preflight(config, due):
-            raise WorkflowError(problem)
+    # Jobs are about to run (a dry run shows the jobs alone).
+    print(needs_summary(SETTINGS), file=sys.stderr)

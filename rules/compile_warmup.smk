@@ -1,5 +1,5 @@
 # Compiles the training step's graphs into the run's compile cache once val2017 is extracted, beside the
-# train2017 download, so the first training job finds them there (pipeline/compile_warmup.py).
+# train2017 download, so that the first training job finds them there.
 rule compile_warmup:
     input:
         # ancient: extracting the same data again must not compile again; a recipe change does, through params.
@@ -17,15 +17,14 @@ rule compile_warmup:
     # network rather than cores: reserving more here would hold back the extraction that follows it.
     threads: 2
     resources:
-        gpu=1 if config["train"]["device"] == "cuda" else 0,
-        mem_mb=config["resources"]["compile_warmup_mem_mb"],
-        runtime=config["resources"]["compile_warmup_minutes"],
+        gpu=1 if ON_GPU else 0,
+        mem_mb=SETTINGS.resources.compile_warmup_mem_mb,
+        runtime=SETTINGS.resources.compile_warmup_minutes,
     params:
-        recipe=json.dumps(RECIPE),
+        recipe=RECIPE,
         dataset=DATASET,
-        state=TRAIN / "state",
     message:
         "Compiling the training step's graphs ahead of training (log: {log})"
     shell:
-        "python -m scripts.compile_warmup --recipe {params.recipe:q} --dataset {params.dataset:q} "
-        "--state-root {params.state:q} --report {output:q} --threads {threads} 2>&1 | tee {log:q}"
+        "compile_warmup.py --dataset {params.dataset:q} --report {output:q} "
+        "--threads {threads} 2>&1 | tee {log:q}"

@@ -1,23 +1,24 @@
 rule download_archive:
     input:
-        previous_extraction,
+        download_after,
     output:
         archive_path("{archive}")
-        if config["extract"]["keep_archives"]
+        if SETTINGS.extract.keep_archives
         else temp(archive_path("{archive}")),
     log:
         LOGS / "download" / "{archive}.log",
     benchmark:
         BENCHMARKS / "download" / "{archive}.tsv"
+    localrule: runs_here("download_archive")
     conda:
         "../envs/pipeline.yaml"
     resources:
-        mem_mb=config["resources"]["download_mem_mb"],
+        mem_mb=SETTINGS.resources.download_mem_mb,
     params:
-        url=lambda w: config["archives"][w.archive]["url"],
-        md5=lambda w: config["archives"][w.archive]["md5"],
+        # not read by the job (its settings say them): here so that a new url or md5 fetches the archive again
+        url=lambda w: SETTINGS.archive(w.archive).url,
+        md5=lambda w: SETTINGS.archive(w.archive).md5,
     message:
         "Downloading {wildcards.archive} (resumable; log: {log})"
     shell:
-        "python -m scripts.download --archive {wildcards.archive} --url {params.url:q} "
-        "--md5 {params.md5} --output {output:q} 2>&1 | tee {log:q}"
+        "download.py --archive {wildcards.archive} --output {output:q} 2>&1 | tee {log:q}"

@@ -24,14 +24,14 @@ rule evaluate:
         "../envs/pipeline.yaml"
     threads: 16  # capped at --cores on one machine; set-threads in a cluster profile
     resources:
-        gpu=1 if config["train"]["device"] == "cuda" else 0,
-        mem_mb=config["resources"]["evaluate_mem_mb"],
-        runtime=config["resources"]["evaluate_minutes"],
+        gpu=1 if ON_GPU else 0,
+        mem_mb=SETTINGS.resources.evaluate_mem_mb,
+        runtime=SETTINGS.resources.evaluate_minutes,
     params:
         dataset=DATASET,
     message:
         "Evaluating the best weights on val2017 (log: {log})"
     shell:
-        "python -m scripts.evaluate --weights {input.weights:q} --run {input.run:q} --dataset {params.dataset:q} "
+        "evaluate.py --weights {input.weights:q} --run {input.run:q} --dataset {params.dataset:q} "
         "--metrics {output.metrics:q} --per-class {output.per_class:q} --figure {output.figure:q} --page {output.page:q} "
         "--workers {threads} 2>&1 | tee {log:q}"

@@ -10,9 +10,9 @@ rule export_model:
     conda:
         "../envs/pipeline.yaml"
     resources:
-        mem_mb=config["resources"]["export_mem_mb"],
+        mem_mb=SETTINGS.resources.export_mem_mb,
     message:
         "Exporting the best weights to {wildcards.format} (log: {log})"
     shell:
-        "python -m scripts.export --weights {input.weights:q} --format {wildcards.format} --output {output:q} "
+        "export.py --weights {input.weights:q} --format {wildcards.format} --output {output:q} "
         "2>&1 | tee {log:q}"

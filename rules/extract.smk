@@ -1,21 +1,20 @@
 rule extract_archive:
     input:
-        lambda w: archive_path(ARCHIVE_OF_FOLDER[w.folder]),
+        lambda w: archive_path(ARCHIVE_NAMES[FOLDERS.index(w.folder)]),
     output:
         directory(DATASET / "{folder}"),
     log:
         LOGS / "extract" / "{folder}.log",
     benchmark:
         BENCHMARKS / "extract" / "{folder}.tsv"
+    localrule: runs_here("extract_archive")
     conda:
         "../envs/pipeline.yaml"
     threads: 16  # capped at --cores on one machine; set-threads in a cluster profile
     resources:
-        mem_mb=config["resources"]["extract_mem_mb"],
-    params:
-        dataset=DATASET,
+        mem_mb=SETTINGS.resources.extract_mem_mb,
     message:
         "Extracting {input} into {output}"
     shell:
-        "python -m scripts.extract --archive {input:q} --target {params.dataset:q} "
-        "--folder {wildcards.folder} --workers {threads} 2>&1 | tee {log:q}"
+        "extract.py --archive {input:q} --output {output:q} --workers {threads} "
+        "2>&1 | tee {log:q}"

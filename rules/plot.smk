@@ -39,12 +39,12 @@ rule plot_metrics:
     conda:
         "../envs/pipeline.yaml"
     resources:
-        mem_mb=config["resources"]["plot_mem_mb"],
+        mem_mb=SETTINGS.resources.plot_mem_mb,
     params:
         blocks=[TRAIN / block for block in BLOCKS],
     message:
         "Plotting loss and mAP from {output.metrics}"
     shell:
-        "python -m scripts.plot --blocks {params.blocks:q} --metrics {output.metrics:q} "
+        "plot.py --blocks {params.blocks:q} --metrics {output.metrics:q} "
         "--loss-plot {output.loss:q} --map-plot {output.map:q} --summary {output.summary:q} "
         "--epochs-page {output.epochs_page:q} --run-page {output.run_page:q} 2>&1 | tee {log:q}"

@@ -16,27 +16,26 @@ rule train_block:
         BENCHMARKS / "train" / "{block}.tsv"
     conda:
         "../envs/pipeline.yaml"
-    threads: training_job_cores(config["train"])  # train.max_workers per GPU; capped at --cores on one machine
+    threads: training_job_cores(SETTINGS)  # capped at --cores on one machine
     resources:
-        gpu=config["train"]["gpus"],
+        gpu=SETTINGS.recipe.gpus,
         mem_mb=train_mem_mb,
         runtime=train_runtime,
     params:
-        recipe=json.dumps(RECIPE),
+        recipe=RECIPE,
         first=lambda w: BLOCKS[w.block][0] + 1,
-        start=lambda w: BLOCKS[w.block][0],
         end=lambda w: BLOCKS[w.block][1],
         previous=lambda w, input: (
-            Path(input.checkpoint).parent if "checkpoint" in input.keys() else ""
+            f"--previous-block {Path(input.checkpoint).parent}"
+            if "checkpoint" in input.keys()
+            else ""
         ),
         dataset=DATASET,
-        state=TRAIN / "state",
         outdir=lambda w: TRAIN / w.block,
     message:
         "Training epochs {params.first}-{params.end} ({wildcards.block}; log: {log.train})"
     shell:
-        "python -m scripts.stage --source {params.dataset:q} --report {output.stage:q} "
+        "stage.py --source {params.dataset:q} --report {output.stage:q} "
         "--workers {threads} 2>&1 | tee {log.stage:q} && "
-        "python -m scripts.train --recipe {params.recipe:q} --start-epoch {params.start} "
-        "--end-epoch {params.end} --previous-block={params.previous:q} --stage-report {output.stage:q} "
-        "--state-root {params.state:q} --outdir {params.outdir:q} --threads {threads} 2>&1 | tee {log.train:q}"
+        "train.py --block {wildcards.block} --stage-report {output.stage:q} "
+        "{params.previous} --outdir {params.outdir:q} --threads {threads} 2>&1 | tee {log.train:q}"

@@ -11,13 +11,14 @@ rule verify_counts:
         "../envs/pipeline.yaml"
     threads: 16  # capped at --cores on one machine; set-threads in a cluster profile
     resources:
-        mem_mb=config["resources"]["verify_mem_mb"],
+        mem_mb=SETTINGS.resources.verify_mem_mb,
     params:
+        # not read by the job (its settings say them): here so that a change checks the data again
+        expected=json.dumps(SETTINGS.verify.expected_images.model_dump()),
+        decode="--decode" if SETTINGS.verify.decode_images else "",
         dataset=DATASET,
-        expected=json.dumps(config["verify"]["expected_images"]),
-        decode="--decode" if config["verify"]["decode_images"] else "",
     message:
         "Verifying image counts and annotations in {params.dataset}"
     shell:
-        "python -m scripts.verify_counts --dataset {params.dataset:q} --expected {params.expected:q} "
-        "{params.decode} --workers {threads} --report {output:q} 2>&1 | tee {log:q}"
+        "verify.py --dataset {params.dataset:q} --workers {threads} --report {output:q} "
+        "2>&1 | tee {log:q}"

@@ -666,7 +666,7 @@ def test_tensor_resize_keeps_rfdetrs_boxes_and_its_pixels_within_two_levels(tmp_
     import torch
 
     from bench.loader import recipe_data, resize_tensors
-    from rfdetr_extensions.patches.images_as_bytes import images_as_bytes
+    from rfdetr_coco_pipeline.hooks.patches.images_as_bytes import images_as_bytes
 
     subprocess.run(
         [sys.executable, "bench/synth_coco.py", str(tmp_path / "coco"), "6", "1", "--detail", "coco"],

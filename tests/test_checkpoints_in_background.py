@@ -7,8 +7,11 @@ import pytest
 import torch
 from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
 
-from rfdetr_extensions import NAMES
-from rfdetr_extensions.patches.checkpoints_in_background import HostSnapshotCheckpointIO, checkpoints_in_background
+from rfdetr_coco_pipeline.hooks import NAMES
+from rfdetr_coco_pipeline.hooks.patches.checkpoints_in_background import (
+    HostSnapshotCheckpointIO,
+    checkpoints_in_background,
+)
 from tests.helpers.workflow import run_snakemake, tiny_config, write_config
 
 

@@ -1,23 +1,25 @@
-"""What every stage shares (pipeline/common.py): a StageError ends a stage with its message and exit code 1, no
-traceback; a JSON file is replaced whole or not at all; a stage run by hand, outside the workflow, says so."""
+"""What every stage shares: a StageError ends a stage with its message and exit code 1, no traceback; a JSON file is
+replaced whole or not at all; a stage run by hand, outside the workflow, says so."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
 import pytest
 
-from pipeline.common import CONFIG_ENV, StageError, pipeline_config, read_json, write_json
+from rfdetr_coco_pipeline.common import read_json, write_json
+from rfdetr_coco_pipeline.settings import SETTINGS_ENV
 from tests.helpers.workflow import REPO
 
 
 def test_a_stage_error_ends_the_stage_with_its_message_and_no_traceback():
     code = (
-        "from pipeline.common import StageError, run_main\n"
+        "from rfdetr_coco_pipeline.common import StageError, run_stage\n"
         "def main():\n"
         "    raise StageError('The archive is corrupt: delete it and run snakemake again.')\n"
-        "run_main(main)\n"
+        "run_stage(main)\n"
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 1
@@ -34,10 +36,12 @@ def test_a_json_write_that_fails_leaves_the_previous_file_whole_and_nothing_besi
     assert [p.name for p in path.parent.iterdir()] == ["dataset.json"]
 
 
-def test_a_stage_run_by_hand_says_the_workflow_runs_it(monkeypatch):
-    monkeypatch.delenv(CONFIG_ENV, raising=False)
-    with pytest.raises(StageError, match=r"run by the workflow \(snakemake\), not by hand"):
-        pipeline_config()
+def test_a_stage_run_by_hand_says_the_workflow_runs_it(tmp_path):
+    env = {name: value for name, value in os.environ.items() if name != SETTINGS_ENV}
+    command = [sys.executable, str(REPO / "scripts" / "verify.py"), "--dataset", str(tmp_path), "--report", "r.json"]
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert f"{SETTINGS_ENV} is not set: this script is run by the workflow (snakemake), not by hand" in result.stderr
 
 
 def test_a_cudnn_torch_refuses_is_recorded_and_the_job_goes_on(monkeypatch):
@@ -45,7 +49,7 @@ def test_a_cudnn_torch_refuses_is_recorded_and_the_job_goes_on(monkeypatch):
     loaded) after an FP8 block had trained; run.json records that instead of failing the job."""
     import torch
 
-    from pipeline.versions import software_versions
+    from rfdetr_coco_pipeline.versions import software_versions
 
     def refused() -> int:
         raise RuntimeError(

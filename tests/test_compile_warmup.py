@@ -1,4 +1,4 @@
-"""The compile warm-up (rules/compile_warmup.smk, pipeline/compile_warmup.py) on the CPU: where it sits in the
+"""The compile warm-up (rules/compile_warmup.smk, training/compile_warmup.py) on the CPU: where it sits in the
 workflow, the set it trains on, its one epoch through real rfdetr, and a failure that leaves the run going. That its
 graphs are the ones training looks up needs a GPU: tests/test_gpu.py."""
 
@@ -13,13 +13,20 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.compile_warmup import compile_by_training, skip_reason, warmup_images, write_warmup_dataset
-from pipeline.gpu_profiles import Device
-from pipeline.recipe import recipe_of
-from pipeline.rfdetr_call import TrainingRoute, eval_batch_size, training_route
-from rfdetr_extensions import select_speedups
-from rfdetr_extensions.patching import installed_rfdetr
-from tests.helpers.workflow import run_snakemake, snakemake_command, tiny_config, write_config
+from rfdetr_coco_pipeline.hooks import select_speedups
+from rfdetr_coco_pipeline.settings import GpuProfile
+from rfdetr_coco_pipeline.training.compile_warmup import (
+    compile_by_training,
+    skip_reason,
+    warmup_images,
+    write_warmup_dataset,
+)
+from rfdetr_coco_pipeline.training.device import Device
+from rfdetr_coco_pipeline.training.recipe import run_recipe
+from rfdetr_coco_pipeline.training.rfdetr_call import eval_batch_size
+from rfdetr_coco_pipeline.training.route import Route, settle_route
+from rfdetr_coco_pipeline.versions import package_version
+from tests.helpers.workflow import run_snakemake, settings_of, snakemake_command, tiny_config, write_config
 
 H200 = Device("cuda", "NVIDIA H200", (9, 0), 141.0, 1)
 
@@ -99,14 +106,13 @@ def test_the_warmup_trains_one_epoch_of_the_runs_route_at_the_runs_validation_ba
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
-    config = tiny_config(tmp_path, "http://unused", {}, epochs=2)
-    train = config["train"]
-    route = training_route(train, config["gpu_profiles"], installed_rfdetr())
-    recipe = recipe_of(train, route.profile, installed_rfdetr())
+    settings = settings_of(tiny_config(tmp_path, "http://unused", {}, epochs=2))
+    route = settle_route(settings, package_version("rfdetr"))
+    recipe = run_recipe(settings.recipe, route.profile, package_version("rfdetr"))
 
-    result = compile_by_training(train, route, recipe, tiny_dataset, workers=0)
+    result = compile_by_training(settings, route, recipe, tiny_dataset, workers=0)
 
-    assert result["images"] == warmup_images(tiny_dataset, recipe) == eval_batch_size(4, recipe["batch_size"])
+    assert result["images"] == warmup_images(tiny_dataset, recipe, route) == eval_batch_size(4, recipe["batch_size"])
     assert result["seconds"] > 0
     assert set(result["compile_cache"]) == {"graph_hits", "graph_misses", "autograd_hits", "autograd_misses"}
     assert not list(scratch.glob("compile-warmup-*"))  # its set and its training's state were scratch
@@ -115,14 +121,16 @@ def test_the_warmup_trains_one_epoch_of_the_runs_route_at_the_runs_validation_ba
 @pytest.mark.parametrize(
     ("device", "profile", "gpus", "expected"),
     [
-        (Device("cpu", "cpu"), {"name": "cpu", "compile": False}, 1, "training runs on the CPU"),
-        (H200, {"name": "rtx-pro-6000-fp8", "compile": False}, 1, "'rtx-pro-6000-fp8' does not compile"),
-        (H200, {"name": "h200", "compile": True}, 2, "DDP compiles one graph per gradient bucket"),
-        (H200, {"name": "h200", "compile": True}, 1, None),
+        (Device("cpu", "cpu"), ("cpu", False), 1, "training runs on the CPU"),
+        (H200, ("rtx-pro-6000-fp8", False), 1, "'rtx-pro-6000-fp8' does not compile"),
+        (H200, ("h200", True), 2, "DDP compiles one graph per gradient bucket"),
+        (H200, ("h200", True), 1, None),
     ],
 )
 def test_the_warmup_says_why_when_it_would_compile_nothing_training_uses(device, profile, gpus, expected):
-    route = TrainingRoute(device, select_speedups("auto", installed_rfdetr()), profile, "test")
+    name, compiled = profile
+    row = GpuProfile(name=name, batch_size=128, precision="bf16", compile=compiled, cuda_graphs=False)
+    route = Route(device, row, "test", select_speedups("auto", package_version("rfdetr")), 1)
     reason = skip_reason(route, gpus)
     assert reason == expected if expected is None else expected in reason
 

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from snakemake.utils import update_config
 
-from pipeline.config_check import coerce_to_schema, config_errors, load_schema
+from rfdetr_coco_pipeline.config_check import coerce_to_schema, config_errors, load_schema
 from tests.helpers.workflow import REPO, base_config, dry_run_jobs, jobs_run, run_snakemake, write_config
 
 SCHEMA = load_schema(REPO / "schemas" / "config.schema.yaml")
@@ -131,25 +131,21 @@ def test_snakemake_takes_the_documented_config_overrides(tmp_path, override):
     assert re.search(r"train_block\s+3\b", result.stdout)  # 30 epochs in blocks of 10: 3 training jobs
 
 
-def test_an_invalid_value_is_named_with_the_file_or_option_that_set_it(tmp_path):
+def test_an_invalid_value_is_named_with_where_it_was_set(tmp_path):
     write_config(tmp_path, edited("download.attempts", 0))
     (tmp_path / "mine.yaml").write_text(yaml.safe_dump({"stage": {"headroom_gb": -1}}))
     command = ["--configfile", str(tmp_path / "config.yaml"), str(tmp_path / "mine.yaml")]
     result = run_snakemake(tmp_path, "-n", *command, "--config", 'train={"epochs": "forty"}', timeout=120)
     assert result.returncode != 0
-    assert f"download.attempts: 0 is less than the minimum of 1 (set in --configfile {tmp_path / 'config.yaml'})" in (
-        result.stdout
-    )
-    assert f"stage.headroom_gb: -1 is less than the minimum of 0 (set in --configfile {tmp_path / 'mine.yaml'})" in (
-        result.stdout
-    )
-    assert "train.epochs: 'forty' is not of type 'integer' (set in --config)" in result.stdout
-    assert "fix config.yaml" not in result.stdout
+    assert "download.attempts: 0 is less than the minimum of 1 (set in config.yaml)" in result.stdout
+    from_command_line = "(set in the command line: --configfile or --config)"
+    assert f"stage.headroom_gb: -1 is less than the minimum of 0 {from_command_line}" in result.stdout
+    assert f"train.epochs: 'forty' is not of type 'integer' {from_command_line}" in result.stdout
 
 
-def test_a_dry_run_says_what_the_run_needs(tmp_path):
+def test_a_run_starts_by_saying_what_it_needs(tmp_path):
     write_config(tmp_path, base_config())
-    result = run_snakemake(tmp_path, "-n", timeout=120)
+    result = run_snakemake(tmp_path, "results/preflight/gpus.json", "--config", "preflight=false", timeout=120)
     assert result.returncode == 0, result.stdout[-3000:]
     summary = result.stdout[result.stdout.index("What this run needs:") :]
     needed = sum(a["extracted_bytes"] for a in base_config()["archives"].values()) + max(
@@ -157,8 +153,9 @@ def test_a_dry_run_says_what_the_run_needs(tmp_path):
     )
     assert re.search(r"disk: [\d.]+ GiB more at the peak for the data in data, [\d.]+ [GKMT]?i?B free there", summary)
     assert f"{needed / 2**30:.2f} GiB more" in summary
-    assert "RAM disk: " in summary and "GPU: " in summary
+    assert "RAM disk: " in summary and "GPU: none found here" in summary
     assert "time asked of a scheduler: 12.0 h for 4 training block(s)" in summary  # 4 x (30 + 15 x 10) min
+    assert json.loads((tmp_path / "results" / "preflight" / "gpus.json").read_text())["checked"] is False
 
 
 def test_no_export_formats_leave_out_the_export_stage_and_nothing_else(tmp_path):

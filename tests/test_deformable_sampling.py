@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from rfdetr_extensions.patches.deformable_sampling import bilinear_sample, deformable_sampling
+from rfdetr_coco_pipeline.hooks.patches.deformable_sampling import bilinear_sample, deformable_sampling
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

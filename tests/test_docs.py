@@ -1,5 +1,5 @@
 """What the documentation points at exists: every test that README.md, the speedup registry and the docstrings of
-the workflow's Python (scripts/, pipeline/, rfdetr_extensions/, bench/) name is a test file in tests/ and, where a
+the workflow's Python (scripts/, pipeline/, rfdetr_coco_pipeline.hooks/, bench/) name is a test file in tests/ and, where a
 function is named, a test function defined in it (parametrized where a parameter is named); and README's Layout
 draws every top-level entry git tracks, and only paths that exist."""
 
@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from rfdetr_extensions import SPEEDUPS
+from rfdetr_coco_pipeline.hooks import SPEEDUPS
 from tests.helpers.workflow import REPO
 
 README = (REPO / "README.md").read_text()
-DOCUMENTED = ("scripts", "pipeline", "rfdetr_extensions", "bench")
+DOCUMENTED = ("scripts", "pipeline", "rfdetr_coco_pipeline.hooks", "bench")
 # `tests/test_x.py`, `test_x.py::test_name` or `tests/test_x.py::test_name[param]`
 REFERENCE = re.compile(r"(?<![\w./])(?:tests/)?(test_\w+\.py)(?:::(test_\w+)(?:\[([^\]\s`]+)\])?)?")
 
@@ -108,9 +108,9 @@ def test_the_layout_draws_every_top_level_entry_git_tracks_and_only_paths_that_e
 
 
 def test_the_stage_modules_import_no_other_stage_and_the_shared_packages_import_no_stage():
-    """README's Layout: scripts/ holds the stages, which share code only through pipeline/ and rfdetr_extensions/."""
+    """README's Layout: scripts/ holds the stages, which share code only through pipeline/ and rfdetr_coco_pipeline.hooks/."""
     offending = []
-    for package in ("scripts", "pipeline", "rfdetr_extensions"):
+    for package in ("scripts", "pipeline", "rfdetr_coco_pipeline.hooks"):
         for path in sorted((REPO / package).rglob("*.py")):
             for node in ast.walk(ast.parse(path.read_text())):
                 names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else []

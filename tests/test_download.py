@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.common import REFETCH_ENV, StageError
-from scripts.download import download, later_needs, part_path
+from rfdetr_coco_pipeline.common import StageError
+from rfdetr_coco_pipeline.data.download import download, later_needs, part_path
+from rfdetr_coco_pipeline.settings import Archive
 from tests.helpers.archive_server import ArchiveServer
 
 FAST = dict(attempts=3, backoff_seconds=0.05, max_backoff_seconds=0.1, timeout=5)
@@ -57,7 +58,7 @@ def test_a_server_that_ignores_range_restarts_the_file_cleanly(server, archives,
     assert only.status == 200 and only.range is not None
 
 
-def test_corrupt_content_is_an_md5_error_naming_the_file_and_both_sums(server, archives, tmp_path, monkeypatch):
+def test_corrupt_content_is_an_md5_error_naming_the_file_and_both_sums(server, archives, tmp_path):
     server.faults.once["val2017.zip"] = ["corrupt"]
     with pytest.raises(StageError) as error:
         fetch(server, archives, "val2017", tmp_path)
@@ -67,10 +68,12 @@ def test_corrupt_content_is_an_md5_error_naming_the_file_and_both_sums(server, a
     assert len(sums) == 2 and sums[1] != sums[0]
     assert not (tmp_path / "val2017.zip").exists() and not part_path(tmp_path / "val2017.zip").exists()
     assert (tmp_path / ".quarantine" / "val2017.zip").is_file()  # kept aside, not where a finished archive goes
-    with pytest.raises(StageError, match="the server keeps sending the same content"):
+    with pytest.raises(StageError, match="the server keeps sending the same content") as again:
         fetch(server, archives, "val2017", tmp_path)  # the server describes the same file: no second download
     assert len(server.gets("val2017.zip")) == 1
-    monkeypatch.setenv(REFETCH_ENV, "1")  # snakemake --forcerun, as rules/common.smk hands it to the job
+    kept = tmp_path / ".quarantine" / "val2017.zip"
+    assert f"delete {kept} to fetch once more anyway" in str(again.value)
+    kept.unlink()  # as the message says
     fetch(server, archives, "val2017", tmp_path)  # fetched afresh, and right this time
     assert [r.range for r in server.gets("val2017.zip")] == [None, None]
     assert not (tmp_path / ".quarantine" / "val2017.zip").exists()
@@ -108,11 +111,11 @@ def test_not_enough_disk_is_refused_before_any_byte_is_fetched(server, archives,
 
 
 def test_later_needs_counts_the_largest_later_archive_unless_archives_are_kept():
-    archives = {
-        "a": {"size_bytes": 1, "extracted_bytes": 10},
-        "b": {"size_bytes": 100, "extracted_bytes": 1000},
-        "c": {"size_bytes": 50, "extracted_bytes": 500},
-    }
+    sizes = {"a": (1, 10), "b": (100, 1000), "c": (50, 500)}
+    archives = [
+        Archive(name=name, url="http://x/", md5="0" * 32, folder=name, size_bytes=size, extracted_bytes=extracted)
+        for name, (size, extracted) in sizes.items()
+    ]
     assert later_needs(archives, "a", keep_archives=False) == 1000 + 500 + 100
     assert later_needs(archives, "a", keep_archives=True) == 1000 + 500 + 100 + 50
     assert later_needs(archives, "c", keep_archives=False) == 0
@@ -124,7 +127,7 @@ def test_a_host_whose_name_does_not_resolve_is_named_as_such():
     import requests
     import urllib3
 
-    from scripts.download import connection_problem
+    from rfdetr_coco_pipeline.data.download import connection_problem
 
     url = "http://images.cocodataset.example/zips/val2017.zip"
     unresolved = urllib3.exceptions.NameResolutionError("images.cocodataset.example", None, socket.gaierror(-2, "x"))

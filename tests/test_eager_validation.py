@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from rfdetr_extensions.patches.eager_validation import eager_validation
+from rfdetr_coco_pipeline.hooks.patches.eager_validation import eager_validation
 
 
 def test_validation_runs_the_compiled_models_module_without_compiling_it(tmp_path):

@@ -6,7 +6,7 @@ import copy
 
 import torch
 
-from rfdetr_extensions.patches import ema_without_waiting as extension
+from rfdetr_coco_pipeline.hooks.patches import ema_without_waiting as extension
 
 
 class Tiny(torch.nn.Module):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import time
 
-from rfdetr_extensions.callbacks.epoch_log import EpochLog
+from rfdetr_coco_pipeline.training.callbacks.epoch_log import EpochLog
 
 
 def test_the_seconds_between_epochs_cover_the_previous_epochs_checkpoint(tmp_path):

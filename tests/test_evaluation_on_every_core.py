@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from bench.synth_detections import validation_batch
-from rfdetr_extensions.patches.evaluation_on_every_core import evaluation_on_every_core
+from rfdetr_coco_pipeline.hooks.patches.evaluation_on_every_core import evaluation_on_every_core
 
 
 def evaluated(batches: int = 3) -> tuple[dict, list[int]]:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.common import StageError
-from scripts.extract import extract
+from rfdetr_coco_pipeline.common import StageError
+from rfdetr_coco_pipeline.data.extract import extract
 
 
 def test_extraction_yields_the_folder_with_every_member(archives, tiny_dataset, tmp_path):

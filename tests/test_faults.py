@@ -78,8 +78,10 @@ def test_a_wrong_md5_costs_one_download_not_one_per_run(workdir, server, archive
         got = archives["val2017"]["md5"]
         assert f"has MD5 {got}, and archives.val2017.md5 in config.yaml says {'0' * 32}" in again.stdout
         assert "the configured md5 is probably wrong" in again.stdout
-        assert "snakemake --cores all --forcerun data/archives/val2017.zip" in again.stdout
-    forced = run_snakemake(workdir, VERIFIED, "--forcerun", "data/archives/val2017.zip")
+        kept = workdir / "data" / "archives" / ".quarantine" / "val2017.zip"
+        assert f"delete {kept.relative_to(workdir)} to fetch once more anyway" in again.stdout
+    kept.unlink()  # as the message says
+    forced = run_snakemake(workdir, VERIFIED)
     assert forced.returncode != 0 and gets(server, "val2017") == 2  # fetched again, as asked
     config["archives"]["val2017"]["md5"] = archives["val2017"]["md5"]  # the fix
     write_config(workdir, config)
@@ -265,10 +267,10 @@ def rerun_after_a_kill(workdir: Path, *targets: str) -> str:
     ("marker", "targets"),
     [
         # a kill in a data stage is followed by a run up to the verified dataset: training is the same either way
-        ("scripts.download --archive train2017", [VERIFIED]),
-        ("scripts.extract", [VERIFIED]),
-        ("scripts.verify_counts", [VERIFIED]),
-        ("scripts.stage", [BLOCK]),  # up to the block: what follows it is not at stake
+        ("scripts/download.py --archive train2017", [VERIFIED]),
+        ("scripts/extract.py", [VERIFIED]),
+        ("scripts/verify.py", [VERIFIED]),
+        ("scripts/stage.py", [BLOCK]),  # up to the block: what follows it is not at stake
     ],
     ids=["download", "extract", "verify", "stage"],
 )
@@ -277,19 +279,19 @@ def test_sigkill_of_snakemake_during_each_stage_is_survived(workdir, server, arc
     write_config(workdir, tiny_config(workdir, server.url, archives, epochs=1))
     snakemake = start_snakemake(workdir, *targets)
     wait_for_job(snakemake, marker)
-    if marker.startswith("scripts.download"):  # let some bytes arrive first
+    if marker.startswith("scripts/download.py"):  # let some bytes arrive first
         part = wait_for_file(snakemake, "train2017.zip.part", workdir / "data" / "archives")
         while part.stat().st_size < 1024 and snakemake.poll() is None:
             time.sleep(0.05)
     kill_group(snakemake)
     output = rerun_after_a_kill(workdir, *targets)
     assert (workdir / targets[0]).is_file()
-    if marker.startswith("scripts.download"):
+    if marker.startswith("scripts/download.py"):
         assert gets(server, "train2017") == 2 and gets(server, "val2017") == 1
         assert (server.gets("train2017.zip")[1].range or "").startswith("bytes=")  # the .part file was resumed
     else:  # finished archives are never fetched again
         assert all(gets(server, a) == 1 for a in ("annotations_trainval2017", "val2017", "train2017"))
-    if marker == "scripts.stage":
+    if marker == "scripts/stage.py":
         assert "train_block" in jobs_run(output)
 
 
@@ -298,7 +300,7 @@ def test_sigkill_of_snakemake_mid_training_resumes_from_the_last_epoch(workdir, 
     write_config(workdir, tiny_config(workdir, server.url, archives, epochs=2, epochs_per_block=2))
     snakemake = start_snakemake(workdir, BLOCK)
     checkpoint = wait_for_file(snakemake, "*/last.ckpt", workdir / "results" / "train" / "state")
-    wait_for_job(snakemake, "scripts.train")
+    wait_for_job(snakemake, "scripts/train.py")
     kill_group(snakemake)
     output = rerun_after_a_kill(workdir, BLOCK)
     assert jobs_run(output) == ["train_block"]  # no data stage runs again
@@ -315,7 +317,7 @@ def test_sigterm_of_a_training_job_stops_it_with_the_last_completed_epoch_saved(
     write_config(workdir, tiny_config(workdir, server.url, archives, epochs=2, epochs_per_block=2))
     snakemake = start_snakemake(workdir, BLOCK)
     checkpoint = wait_for_file(snakemake, "*/last.ckpt", workdir / "results" / "train" / "state")
-    wait_for_job(snakemake, "scripts.train").send_signal(signal.SIGTERM)
+    wait_for_job(snakemake, "scripts/train.py").send_signal(signal.SIGTERM)
     assert snakemake.wait(timeout=300) != 0
     log = (workdir / "results" / "logs" / "train" / "block_01.log").read_text()
     assert "Training was stopped by SIGTERM. The last completed epoch is saved; run snakemake again to resume." in log
@@ -334,7 +336,7 @@ def test_a_second_invocation_in_the_same_folder_is_refused_while_the_first_runs(
     server.faults.once["train2017.zip"] = ["slow"]
     server.faults.slow_seconds = 60  # the first run holds its lock until the second one has been answered
     first = start_snakemake(workdir, VERIFIED)
-    wait_for_job(first, "scripts.download --archive train2017")
+    wait_for_job(first, "scripts/download.py --archive train2017")
     second = run_snakemake(workdir, VERIFIED)
     server.faults.release.set()  # the rest of the archive at once
     assert second.returncode != 0 and "Directory cannot be locked" in second.stdout
@@ -351,28 +353,14 @@ def test_without_a_gpu_the_run_stops_before_the_first_download_unless_told_to_go
     assert (
         refused.returncode != 0 and "No CUDA GPU is visible" in refused.stdout and "train.device: cpu" in refused.stdout
     )
-    assert "--config preflight=false" in refused.stdout
+    assert "--config preflight=false" in refused.stdout and jobs_run(refused.stdout) == []
     assert server.requests == [] and not (workdir / "data").exists()  # nothing fetched
+    assert "No CUDA GPU is visible" in (workdir / "results" / "logs" / "preflight" / "gpus.log").read_text()
     # told to go on, the data stages run and keep their outputs; the training job stops with the same message
     failed = run_snakemake(workdir, "--config", "preflight=false")
     assert failed.returncode != 0 and "No CUDA GPU is visible" in failed.stdout
     assert not (workdir / "results" / "train" / "block_01" / "checkpoint.ckpt").exists()
     assert (workdir / VERIFIED).is_file()
-
-
-def test_through_the_slurm_profile_the_gpu_less_login_node_is_not_asked_for_a_gpu(workdir, server, archives):
-    """The GPU preflight is for jobs that run on this machine: through profiles/slurm the training runs on a GPU
-    node, so the run goes on to its first job, the download (a local rule). The archives answer 404 here, so the
-    run stops at that download and submits nothing to any SLURM."""
-    write_config(workdir, tiny_config(workdir, server.url, archives, device="cuda", epochs=1))
-    for name in archives:
-        server.faults.status[f"{name}.zip"] = 404
-    local = run_snakemake(workdir)
-    assert local.returncode != 0 and "No CUDA GPU is visible" in local.stdout and server.requests == []
-    cluster = run_snakemake(workdir, "--workflow-profile", str(REPO / "profiles" / "slurm"), timeout=300)
-    assert cluster.returncode != 0 and "No CUDA GPU is visible" not in cluster.stdout
-    assert "HTTP 404" in cluster.stdout and server.requests  # past the preflight: the download ran, here
-    assert "sbatch" not in cluster.stdout and not (workdir / ".snakemake" / "slurm_logs").exists()
 
 
 def test_a_ramdisk_too_small_trains_from_the_disk_copy(workdir, server, archives, small_tmpfs):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rfdetr_extensions.patches import gather_matched_targets as extension
+from rfdetr_coco_pipeline.hooks.patches import gather_matched_targets as extension
 from tests.helpers.rfdetr_steps import solve_all_layers, tiny_detector_step
 
 
@@ -60,7 +60,7 @@ def test_the_loss_is_the_same_with_and_without_the_extension(tmp_path):
 
 @pytest.mark.gpu
 def test_on_the_gpu_the_matched_targets_and_losses_equal_rfdetrs(tmp_path):
-    from rfdetr_extensions.patches.matches_on_device import matches_on_device
+    from rfdetr_coco_pipeline.hooks.patches.matches_on_device import matches_on_device
 
     criterion, outputs, targets = tiny_detector_step("cuda", 32, tmp_path)
     from rfdetr.models.criterion import SetCriterion

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from rfdetr_extensions.callbacks.block_end import StopAtBlockEnd
-from rfdetr_extensions.callbacks.epoch_log import EpochLog
-from rfdetr_extensions.callbacks.gc_freeze import FREEZE_AFTER_STEPS, FreezeAfterWarmup, FullCollections
+from rfdetr_coco_pipeline.hooks.callbacks.gc_freeze import FREEZE_AFTER_STEPS, FreezeAfterWarmup, FullCollections
+from rfdetr_coco_pipeline.training.callbacks.block_end import StopAtBlockEnd
+from rfdetr_coco_pipeline.training.callbacks.epoch_log import EpochLog
 
 
 @pytest.fixture

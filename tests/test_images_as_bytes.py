@@ -8,8 +8,13 @@ import numpy
 import pytest
 import torch
 
-from rfdetr_extensions.patches.images_as_bytes import DeviceNormalize, RelativeTargets, bytes_pipeline, images_as_bytes
-from rfdetr_extensions.patches.validation_images_as_bytes import validation_images_as_bytes
+from rfdetr_coco_pipeline.hooks.patches.images_as_bytes import (
+    DeviceNormalize,
+    RelativeTargets,
+    bytes_pipeline,
+    images_as_bytes,
+)
+from rfdetr_coco_pipeline.hooks.patches.validation_images_as_bytes import validation_images_as_bytes
 from tests.helpers.rfdetr_steps import assert_same_batch, on_device, rfdetr_datamodule
 
 

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import torch
 
-from rfdetr_extensions.patches.lr_log_on_device import log_on_device, lr_log_on_device
+from rfdetr_coco_pipeline.hooks.patches.lr_log_on_device import log_on_device, lr_log_on_device
 
 
 def logged_by(log_learning_rates, lrs: list[float]) -> list[tuple[str, torch.Tensor, dict]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rfdetr_extensions.patches import matches_on_device as extension
+from rfdetr_coco_pipeline.hooks.patches import matches_on_device as extension
 from tests.helpers.rfdetr_steps import solve_all_layers, tiny_detector_step
 
 

@@ -7,7 +7,7 @@ import logging
 import pytest
 import torch
 
-from rfdetr_extensions.patches import matching_without_waiting as extension
+from rfdetr_coco_pipeline.hooks.patches import matching_without_waiting as extension
 from tests.helpers.rfdetr_steps import decoder_step, solve_all_layers
 
 

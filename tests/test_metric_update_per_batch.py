@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rfdetr_extensions.patches.metric_inputs_in_one_copy import metric_inputs_in_one_copy
-from rfdetr_extensions.patches.metric_update_per_batch import metric_update_per_batch
+from rfdetr_coco_pipeline.hooks.patches.metric_inputs_in_one_copy import metric_inputs_in_one_copy
+from rfdetr_coco_pipeline.hooks.patches.metric_update_per_batch import metric_update_per_batch
 from tests.test_validation_metrics import batch, crowd_regions, new_metric, targets_as_the_loader_gives_them
 
 STATES = (

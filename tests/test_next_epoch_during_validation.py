@@ -8,7 +8,10 @@ from pathlib import Path
 
 import torch
 
-from rfdetr_extensions.callbacks.next_epoch_during_validation import NextEpochDuringValidation, start_next_epoch
+from rfdetr_coco_pipeline.hooks.callbacks.next_epoch_during_validation import (
+    NextEpochDuringValidation,
+    start_next_epoch,
+)
 from tests.helpers.lightning_trainer import small_trainer
 
 SECONDS_PER_ITEM = 0.25  # a worker takes 1 s for a batch of 4

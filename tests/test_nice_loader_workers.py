@@ -7,7 +7,7 @@ import pickle
 
 import torch
 
-from rfdetr_extensions.patches.nice_loader_workers import nice_loader_workers
+from rfdetr_coco_pipeline.hooks.patches.nice_loader_workers import nice_loader_workers
 
 
 class WorkerReport(torch.utils.data.Dataset):

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from rfdetr_extensions.patches.padding_in_one_copy import padded_in_one_copy, padding_in_one_copy
+from rfdetr_coco_pipeline.hooks.patches.padding_in_one_copy import padded_in_one_copy, padding_in_one_copy
 from tests.helpers.rfdetr_steps import solve_all_layers, tiny_detector_step
 
 
@@ -32,7 +32,7 @@ def test_the_padding_equals_pad_sequences(sizes, trailing, dtype):
 def test_the_matchers_assignment_is_unchanged_and_other_calls_go_to_torch(tmp_path, monkeypatch):
     from rfdetr.models import matcher
 
-    from rfdetr_extensions.patches import padding_in_one_copy as extension
+    from rfdetr_coco_pipeline.hooks.patches import padding_in_one_copy as extension
 
     criterion, outputs, targets = tiny_detector_step("cpu", 5, tmp_path)
     plain = solve_all_layers(criterion, outputs, targets)

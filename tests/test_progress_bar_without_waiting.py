@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rfdetr_extensions.patches.progress_bar_without_waiting import progress_bar_without_waiting
+from rfdetr_coco_pipeline.hooks.patches.progress_bar_without_waiting import progress_bar_without_waiting
 from tests.helpers.lightning_trainer import small_trainer
 
 

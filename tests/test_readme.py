@@ -120,7 +120,7 @@ def test_ci_runs_exactly_the_readmes_test_command():
 
 
 def test_the_fp8_install_is_one_command_in_the_readme_its_fault_table_and_the_error_message():
-    from pipeline.gpu_profiles import FP8_INSTALL, transformer_engine_problem
+    from rfdetr_coco_pipeline.training.profiles import FP8_INSTALL, transformer_engine_problem
 
     problem = transformer_engine_problem()
     if problem is None:

@@ -9,7 +9,7 @@ import time
 import psutil
 import pytest
 
-from pipeline.dataset import CopyUsers
+from rfdetr_coco_pipeline.data.dataset import CopyUsers
 from tests.helpers.workflow import run_snakemake, start_snakemake, tiny_config, wait_for_job, write_config
 
 pytestmark = pytest.mark.slow
@@ -38,7 +38,7 @@ def test_two_runs_share_the_copy_of_their_data_and_neither_removes_it_under_the_
             running,
         )
         copy = shm / json.loads(report.read_text())["copy"]
-        trainer = wait_for_job(running, "scripts.train")
+        trainer = wait_for_job(running, "scripts/train.py")
         trainer.suspend()  # the first run is busy training: it holds the copy, and will for a while
         # The second run, in its own folder, trains on the same data (the first run's data folder).
         config = tiny_config(second, server.url, archives, epochs=1)

@@ -81,6 +81,7 @@ def slurm_test_profile(tmp_path: Path) -> Path:
     profile["default-resources"]["slurm_partition"] = PARTITION
     profile["set-resources"]["train_block"]["slurm_partition"] = PARTITION
     profile["set-resources"]["evaluate"]["slurm_partition"] = PARTITION
+    profile["set-resources"]["check_gpus"]["slurm_partition"] = PARTITION
     profile["set-threads"] = {rule: min(2, threads) for rule, threads in profile["set-threads"].items()}
     profile["set-threads"]["train_block"] = 2  # the rule asks for 16 cores on a CPU run
     profile["latency-wait"] = 10
@@ -140,6 +141,23 @@ def test_with_no_local_rules_the_downloads_go_through_sbatch_too(slurm, workdir,
     assert rules == ["download_archive", "extract_archive"]
 
 
+def test_the_gpu_check_runs_through_sbatch_where_training_will_and_stops_the_run_before_any_download(
+    slurm, workdir, server, archives, tmp_path
+):
+    """The login node has no GPU, and it is not asked for one: the check is a SLURM job on the training's partition
+    with train.gpus GPUs. This node's GPUs are SLURM's fake GRES, which torch does not see, so the check stops the
+    run there, before anything is fetched, with the training job's own message."""
+    write_config(workdir, tiny_config(workdir, server.url, archives, device="cuda", epochs=1, gpus=2))
+    before = set(slurm_jobs())
+    result = run_with_profile(workdir, slurm_test_profile(tmp_path), timeout=300)
+    assert result.returncode != 0 and server.requests == [] and not (workdir / "data").exists()
+    ((_, check),) = [(i, j) for i, j in slurm_jobs().items() if i not in before]
+    assert "rule_check_gpus" in check["Comment"] and check["JobState"] == "FAILED"
+    assert check["Partition"] == PARTITION and re.search(r"gres[/:]gpu:2", check["TresPerJob"])
+    log = (workdir / "results" / "logs" / "preflight" / "gpus.log").read_text()
+    assert "No CUDA GPU is visible" in log and "--config preflight=false" in log
+
+
 def processes_of_job(job_id: str) -> list[psutil.Process]:
     """The processes on this node that belong to SLURM job `job_id` (by the SLURM_JOB_ID they were started with)."""
     found = []
@@ -156,7 +174,7 @@ def training_ranks_of_job(job_id: str) -> list[psutil.Process]:
     ranks = []
     for process in processes_of_job(job_id):
         with contextlib.suppress(psutil.NoSuchProcess):
-            if process.name().startswith("python") and "scripts.train" in process.cmdline():
+            if process.name().startswith("python") and any(a.endswith("scripts/train.py") for a in process.cmdline()):
                 ranks.append(process)
     return ranks
 

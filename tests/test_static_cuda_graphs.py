@@ -9,7 +9,7 @@ def test_static_graphs_apply_only_to_a_fixed_input_shape_of_a_graph_compiled_mod
 
     from rfdetr.config import TrainConfig
 
-    from rfdetr_extensions.callbacks.static_cuda_graphs import compile_for_fixed_shape, fixed_input_shape
+    from rfdetr_coco_pipeline.hooks.callbacks.static_cuda_graphs import compile_for_fixed_shape, fixed_input_shape
 
     fixed = TrainConfig(dataset_dir=str(tmp_path), multi_scale=False, square_resize_div_64=True)
     assert fixed_input_shape(fixed)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rfdetr_extensions.patches.target_counts_without_waiting import (
+from rfdetr_coco_pipeline.hooks.patches.target_counts_without_waiting import (
     batched_losses_without_waiting,
     target_counts_without_waiting,
 )
@@ -71,7 +71,7 @@ def test_on_the_gpu_the_losses_are_rfdetrs_and_nothing_waits(tmp_path):
         pytest.fail("this GPU test needs CUDA: run it on the GPU machine (pytest -m gpu)")
     from rfdetr.models.criterion import SetCriterion
 
-    from rfdetr_extensions.patches.matches_on_device import matches_on_device
+    from rfdetr_coco_pipeline.hooks.patches.matches_on_device import matches_on_device
 
     with matches_on_device():  # in training the matches reach the loss on the GPU (a speedup `auto` applies there)
         criterion, inputs = batched_loss_inputs("cuda", tmp_path)

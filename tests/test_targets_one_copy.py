@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rfdetr_extensions.patches import targets_one_copy as extension
+from rfdetr_coco_pipeline.hooks.patches import targets_one_copy as extension
 
 
 def packed_batch():

@@ -7,25 +7,34 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.blocks import block_ranges
-from pipeline.common import StageError
-from pipeline.gpu_profiles import Device, fp8_batch_multiple
-from pipeline.needs import training_job_cores
-from pipeline.recipe import RECIPE_KEYS, recipe_diff, recipe_id, recipe_of
-from pipeline.resume import plan_resume, truncate_metrics
-from pipeline.rfdetr_call import (
-    LOGGERS,
+from rfdetr_coco_pipeline.blocks import block_ranges
+from rfdetr_coco_pipeline.common import StageError
+from rfdetr_coco_pipeline.hooks import Selection
+from rfdetr_coco_pipeline.needs import training_job_cores
+from rfdetr_coco_pipeline.settings import GpuProfile, Recipe
+from rfdetr_coco_pipeline.training.device import Device
+from rfdetr_coco_pipeline.training.fp8 import batch_multiple, last_batch_off_the_rule
+from rfdetr_coco_pipeline.training.recipe import recipe_diff, recipe_id, run_recipe
+from rfdetr_coco_pipeline.training.resume import plan_resume, truncate_metrics
+from rfdetr_coco_pipeline.training.rfdetr_call import (
+    LOGGER_PACKAGES,
     check_loggers,
     eval_batch_size,
-    last_batch_off_the_rule,
     loader_workers,
     train_kwargs,
 )
-from tests.helpers.workflow import base_config
+from rfdetr_coco_pipeline.training.route import Route
+from tests.helpers.workflow import settings_of
 
-TRAIN = base_config()["train"]
-PROFILE = {"batch_size": 128, "precision": "bf16"}
+SETTINGS = settings_of()
+TRAIN = SETTINGS.train
+PROFILE = GpuProfile(name="h200", batch_size=128, precision="bf16", compile=True, cuda_graphs=True)
 CPU = Device("cpu", "CPU")
+LOGGERS = ("csv", *LOGGER_PACKAGES)
+
+
+def recipe(**changes) -> Recipe:
+    return SETTINGS.recipe.model_copy(update=changes)
 
 
 def test_blocks_cover_every_epoch_once_and_the_last_may_be_shorter():
@@ -50,28 +59,44 @@ CHANGED = {  # another value for every recipe setting; lr_scaling changes the re
 }
 
 
-@pytest.mark.parametrize("key", RECIPE_KEYS)
+def test_the_recipe_is_every_recipe_key_of_config_yamls_train_section_in_its_order():
+    assert list(Recipe.model_fields) == list(CHANGED) and set(CHANGED) <= set(settings_of().recipe.model_dump())
+    assert not set(Recipe.model_fields) & set(type(TRAIN).model_fields)  # how a run goes is kept apart
+
+
+@pytest.mark.parametrize("key", list(CHANGED))
 def test_every_recipe_setting_changes_the_recipe_id(key):
-    base = {**TRAIN, "gpus": 2} if key == "lr_scaling" else TRAIN
-    assert recipe_id(recipe_of({**base, key: CHANGED[key]}, PROFILE, "1.11.2")) != recipe_id(
-        recipe_of(base, PROFILE, "1.11.2")
-    )
+    base = recipe(gpus=2) if key == "lr_scaling" else recipe()
+    changed = base.model_copy(update={key: CHANGED[key]})
+    assert recipe_id(run_recipe(changed, PROFILE, "1.11.2")) != recipe_id(run_recipe(base, PROFILE, "1.11.2"))
+    assert changed.as_parameter() != base.as_parameter()  # and the train rule's parameter: a new training
 
 
 def test_the_profile_and_rfdetr_shape_the_recipe_and_how_to_run_settings_do_not():
-    base = recipe_id(recipe_of(TRAIN, PROFILE, "1.11.2"))
-    assert recipe_id(recipe_of(TRAIN, {**PROFILE, "batch_size": 64}, "1.11.2")) != base
-    assert recipe_id(recipe_of(TRAIN, {**PROFILE, "precision": "fp8"}, "1.11.2")) != base
-    assert recipe_id(recipe_of(TRAIN, PROFILE, "1.12.0")) != base
-    assert recipe_id(recipe_of(TRAIN, {**PROFILE, "compile": False}, "1.11.2")) == base
+    base = recipe_id(run_recipe(recipe(), PROFILE, "1.11.2"))
+    assert recipe_id(run_recipe(recipe(), PROFILE.model_copy(update={"batch_size": 64}), "1.11.2")) != base
+    assert recipe_id(run_recipe(recipe(), PROFILE.model_copy(update={"precision": "fp8"}), "1.11.2")) != base
+    assert recipe_id(run_recipe(recipe(), PROFILE, "1.12.0")) != base
+    assert recipe_id(run_recipe(recipe(), PROFILE.model_copy(update={"compile": False}), "1.11.2")) == base
     how_to_run = {"max_workers": 4, "profile": "h100", "speedups": "none", "host_threads": 0, "loader_niceness": 0}
-    assert recipe_id(recipe_of({**TRAIN, **how_to_run}, PROFILE, "1.11.2")) == base
+    other = settings_of(**how_to_run)
+    assert other.recipe == SETTINGS.recipe and other.recipe.as_parameter() == SETTINGS.recipe.as_parameter()
     assert recipe_diff({"lr": 1, "batch_size": 2}, {"lr": 1, "batch_size": 4}) == "batch_size: 2 -> 4"
 
 
+def test_a_recipe_keeps_its_values_as_written_so_its_id_and_parameter_stay_those_of_earlier_runs():
+    """config.yaml's `warmup_epochs: 1` stays 1, not 1.0: the run's id (its state folder) and the train rule's
+    parameter are those an earlier release computed from the same config, so its runs resume."""
+    assert SETTINGS.recipe.as_parameter() == (
+        '{"epochs": 40, "seed": 0, "lr": 0.0001, "lr_encoder": 0.00015, "warmup_epochs": 1, "resolution": 384, '
+        '"grad_accum_steps": 1, "multi_scale": false, "square_resize_div_64": true, "eval_interval": 1, "gpus": 1, '
+        '"lr_scaling": "linear"}'
+    )
+
+
 def test_the_learning_rate_follows_the_gpu_count_when_scaling_is_linear():
-    assert recipe_of({**TRAIN, "gpus": 4}, PROFILE, "1.11.2")["lr"] == pytest.approx(4e-4)
-    assert recipe_of({**TRAIN, "gpus": 4, "lr_scaling": "none"}, PROFILE, "1.11.2")["lr"] == pytest.approx(1e-4)
+    assert run_recipe(recipe(gpus=4), PROFILE, "1.11.2")["lr"] == pytest.approx(4e-4)
+    assert run_recipe(recipe(gpus=4, lr_scaling="none"), PROFILE, "1.11.2")["lr"] == pytest.approx(1e-4)
 
 
 LAST, PREVIOUS = Path("state/last.ckpt"), Path("block_01/checkpoint.ckpt")
@@ -142,7 +167,7 @@ NANO_ROWS_AT_384 = (4 * 145, 24 * 24, 300)
     + [(4999, 2, 100), (4999, 4, 50)],  # a prime count whose shares per GPU are even
 )
 def test_the_fp8_routes_validation_batches_all_have_rows_in_multiples_of_8(images, ranks, batch):
-    multiple = fp8_batch_multiple(384)
+    multiple = batch_multiple(384)
     assert eval_batch_size(images, 128, ranks, multiple) == batch
     share = -(-images // ranks)
     for size in validation_batches(share, batch):
@@ -156,8 +181,8 @@ def test_the_fp8_routes_validation_batches_all_have_rows_in_multiples_of_8(image
 )
 def test_a_validation_share_no_batch_size_splits_for_fp8_leaves_one_last_batch_off_the_rule(images, ranks, batch, last):
     """Every other batch keeps the rule, and every image is in a batch: the last one runs without FP8
-    (`rfdetr_extensions.fp8_validation`; on a GPU: `tests/test_gpu.py`)."""
-    multiple = fp8_batch_multiple(384)
+    (the `fp8_validation` hook)."""
+    multiple = batch_multiple(384)
     assert eval_batch_size(images, 128, ranks, multiple) == batch
     share = -(-images // ranks)
     *kept, final = validation_batches(share, batch)
@@ -171,12 +196,13 @@ def rfdetr_train_config(loggers: list[str], dataset: Path, state_dir: Path):
     job's train() arguments; `device` and `resolution` are the two that train() takes off before building it."""
     from rfdetr.config import TrainConfig
 
-    recipe = recipe_of(TRAIN, {"batch_size": 2, "precision": "fp32"}, "1.11.2")
-    kwargs = train_kwargs(recipe, str(dataset), state_dir, 0, CPU, loggers)
+    cpu = GpuProfile(name="cpu", batch_size=2, precision="fp32", compile=False, cuda_graphs=False)
+    route = Route(CPU, cpu, "train.device is cpu", Selection((), ()), 1)
+    kwargs = train_kwargs(run_recipe(recipe(), cpu, "1.11.2"), route, dataset, state_dir, 0, loggers)
     return TrainConfig(**{key: value for key, value in kwargs.items() if key not in ("device", "resolution")})
 
 
-@pytest.mark.parametrize("loggers", [[name] for name in LOGGERS] + [TRAIN["loggers"], list(LOGGERS)])
+@pytest.mark.parametrize("loggers", [[name] for name in LOGGERS] + [list(TRAIN.loggers), list(LOGGERS)])
 def test_each_of_train_loggers_becomes_the_flag_of_rfdetrs_training_config(loggers, tiny_dataset, tmp_path):
     config = rfdetr_train_config(loggers, tiny_dataset, tmp_path / "state" / "0123abcd")
     assert {flag for flag in ("tensorboard", "mlflow", "wandb") if getattr(config, flag)} == set(loggers) - {"csv"}
@@ -205,9 +231,9 @@ def test_a_logger_whose_package_is_missing_stops_the_block_naming_the_package(
 ):
     if importlib.util.find_spec(package) is not None:
         pytest.skip(f"{package} is installed here")
-    check_loggers(TRAIN["loggers"])  # the shipped loggers come with the workflow's install
+    check_loggers(TRAIN.loggers)  # the shipped loggers come with the workflow's install
     with pytest.raises(StageError) as stopped:
-        check_loggers([*TRAIN["loggers"], package])
+        check_loggers([*TRAIN.loggers, package])
     assert str(stopped.value) == (
         f"train.loggers names {package}, which is not installed: pip install {package} "
         "(or leave it out of train.loggers in config.yaml)."
@@ -224,12 +250,12 @@ def test_a_logger_whose_package_is_missing_stops_the_block_naming_the_package(
 def test_each_gpu_gets_max_workers_cores_and_its_rank_a_loader_of_that_many_workers():
     """With two GPUs the job asks for twice the cores and each rank's loader gets one GPU's share: not 16 workers
     per rank on 16 cores, as when every rank took the job's cores for its own."""
-    one, two = training_job_cores(TRAIN), training_job_cores({**TRAIN, "gpus": 2})
-    assert (TRAIN["device"], TRAIN["max_workers"], one, two) == ("cuda", 16, 16, 32)
+    one, two = training_job_cores(SETTINGS), training_job_cores(settings_of(gpus=2))
+    assert (TRAIN.device, TRAIN.max_workers, one, two) == ("cuda", 16, 16, 32)
     assert loader_workers(two, 2, 16) == loader_workers(one, 1, 16) == 16
     assert loader_workers(16, 2, 16) == 8  # --cores 16 on a two-GPU machine: the cores are shared
     assert loader_workers(64, 1, 16) == 16  # never above train.max_workers
-    assert training_job_cores({**TRAIN, "max_workers": 0, "gpus": 2}) == 2  # a core per rank, loading in it
+    assert training_job_cores(settings_of(max_workers=0, gpus=2)) == 2  # a core per rank, loading in it
     assert loader_workers(2, 2, 0) == 0
     # a CPU run computes the model on the host's cores, whatever its loader
-    assert training_job_cores({**TRAIN, "device": "cpu", "max_workers": 0, "gpus": 2}) == 16
+    assert training_job_cores(settings_of(device="cpu", max_workers=0, gpus=2)) == 16

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from rfdetr_extensions.callbacks.validation_loader_ahead import ValidationLoaderAhead, batches_in_flight
+from rfdetr_coco_pipeline.hooks.callbacks.validation_loader_ahead import ValidationLoaderAhead, batches_in_flight
 from tests.helpers.lightning_trainer import small_trainer
 
 WAIT_FOR_WORKERS_SECONDS = 120  # only a bound for a hung worker: the test waits for an event, not for a time

@@ -16,11 +16,16 @@ import numpy as np
 import pytest
 import torch
 
-from rfdetr_extensions import CHECKED_RFDETR, applied, select_speedups
-from rfdetr_extensions.evaluation import captured_coco_metrics
-from rfdetr_extensions.patches.matching_in_workers import MatchingPool, PendingAccumulator, matching_in_workers, settle
-from rfdetr_extensions.patches.metric_inputs_in_one_copy import to_host_in_one_copy
-from rfdetr_extensions.patching import patch_rfdetr
+from rfdetr_coco_pipeline.hooks import CHECKED_RFDETR, applied, select_speedups
+from rfdetr_coco_pipeline.hooks.coco_metrics import captured_coco_metrics
+from rfdetr_coco_pipeline.hooks.patches.matching_in_workers import (
+    MatchingPool,
+    PendingAccumulator,
+    matching_in_workers,
+    settle,
+)
+from rfdetr_coco_pipeline.hooks.patches.metric_inputs_in_one_copy import to_host_in_one_copy
+from rfdetr_coco_pipeline.hooks.patching import patch_rfdetr
 
 SPEEDUPS = ["metric_update_per_batch", "metric_inputs_in_one_copy", "matching_in_workers"]
 
@@ -188,7 +193,7 @@ def test_the_fork_server_starts_with_the_block_before_any_batch():
     starts before the first batch. In a fresh process, where no fork server runs yet."""
     code = """
 import multiprocessing.forkserver as forkserver
-from rfdetr_extensions.patches.matching_in_workers import matching_in_workers
+from rfdetr_coco_pipeline.hooks.patches.matching_in_workers import matching_in_workers
 assert forkserver._forkserver._forkserver_pid is None
 with matching_in_workers():
     assert forkserver._forkserver._forkserver_pid is not None, "no fork server after the block's entry"
@@ -269,7 +274,7 @@ def test_targets_converted_on_the_host_equal_rfdetrs_conversion_on_the_batchs_de
     first and converted there. Crowd regions are appended for some images, as rfdetr does for COCO's crowds."""
     from rfdetr.training.callbacks.coco_eval import COCOEvalCallback
 
-    from rfdetr_extensions.patches.metric_inputs_in_one_copy import metric_inputs_in_one_copy
+    from rfdetr_coco_pipeline.hooks.patches.metric_inputs_in_one_copy import metric_inputs_in_one_copy
 
     callback = COCOEvalCallback.__new__(COCOEvalCallback)  # the conversion reads nothing of the callback's state
     crowds = crowd_regions()

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.common import StageError
-from scripts.verify_counts import verify_dataset
+from rfdetr_coco_pipeline.common import StageError
+from rfdetr_coco_pipeline.data.verify import verify_dataset
 
 EXPECTED = {"train2017": 8, "val2017": 4}
 

@@ -15,6 +15,8 @@ from typing import Any
 import psutil
 import yaml
 
+from rfdetr_coco_pipeline.settings import Settings
+
 REPO = Path(__file__).resolve().parents[2]
 N_TRAIN, N_VAL = 8, 4
 
@@ -22,6 +24,13 @@ N_TRAIN, N_VAL = 8, 4
 def base_config() -> dict[str, Any]:
     with open(REPO / "config.yaml") as handle:
         return yaml.safe_load(handle)
+
+
+def settings_of(config: dict[str, Any] | None = None, **train: Any) -> Settings:
+    """The typed settings of `config` (the shipped one by default) with `train` keys changed."""
+    config = copy.deepcopy(config or base_config())
+    config["train"].update(train)
+    return Settings.from_config(config)
 
 
 def tiny_config(workdir: Path, server_url: str, archives: dict[str, dict], **train: Any) -> dict[str, Any]:

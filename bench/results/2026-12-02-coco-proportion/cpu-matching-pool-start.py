@@ -6,8 +6,8 @@ cpu-matching-pool-start.txt."""
 import time
 
 import torch
-
 from rfdetr_extensions.patches.matching_in_workers import MatchingPool
+
 from tests.test_validation_metrics import batch
 
 

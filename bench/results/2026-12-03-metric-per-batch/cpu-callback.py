@@ -13,10 +13,10 @@ from contextlib import ExitStack
 
 import torch
 from rfdetr.training.callbacks.coco_eval import COCOEvalCallback
-
-from bench.synth_detections import validation_batch
 from rfdetr_extensions.patches.matching_in_workers import matching_in_workers
 from rfdetr_extensions.patches.metric_update_per_batch import metric_update_per_batch
+
+from bench.synth_detections import validation_batch
 
 
 def loader_targets(targets: list[dict], first_id: int) -> list[dict]:

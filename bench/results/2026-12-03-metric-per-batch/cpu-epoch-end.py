@@ -13,9 +13,9 @@ import time
 
 import torch
 from rfdetr.training.coco_map import OnePassCocoMeanAveragePrecision
+from rfdetr_extensions.patches.evaluation_on_every_core import evaluation_on_every_core
 
 from bench.synth_detections import validation_batch
-from rfdetr_extensions.patches.evaluation_on_every_core import evaluation_on_every_core
 
 
 def filled_metric(batches: list) -> OnePassCocoMeanAveragePrecision:

@@ -12,11 +12,11 @@ import sys
 from pathlib import Path
 
 import torch
+from rfdetr_extensions.callbacks.block_end import StopAtBlockEnd
+from rfdetr_extensions.callbacks.epoch_log import EpochLog
 
 import rfdetr_extensions
 from bench.stock_recipe import train_like_notebook
-from rfdetr_extensions.callbacks.block_end import StopAtBlockEnd
-from rfdetr_extensions.callbacks.epoch_log import EpochLog
 
 torch.set_num_threads(1)
 dataset, setting, out = sys.argv[1], sys.argv[2], Path(sys.argv[3])

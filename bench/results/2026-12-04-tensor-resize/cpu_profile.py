@@ -8,8 +8,9 @@ import cProfile
 import pstats
 import sys
 
-from bench.loader import recipe_data
 from rfdetr_extensions.patches.images_as_bytes import images_as_bytes
+
+from bench.loader import recipe_data
 
 with images_as_bytes():
     samples = recipe_data(sys.argv[1], 1, 0).train_dataloader().dataset

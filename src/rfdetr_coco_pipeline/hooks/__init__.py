@@ -1,0 +1,520 @@
+"""The one registry of the workflow's hooks into rfdetr's and Lightning's private code, and the gate they pass.
+
+Two kinds of hook are declared here, each with the private names it replaces or reads (its targets):
+
+- **Speedups** (`SPEEDUPS`), selected by `train.speedups`. Each computes rfdetr's own values with less host work,
+  fewer waits for the GPU or faster kernels. Patches (`patches/`) replace a private function or method inside a
+  `with` block; callbacks (`callbacks/`) are Lightning callbacks added to rfdetr's Trainer.
+- **Hooks the workflow always uses** (`HOOKS`): the evaluation's full COCO result, the FP8 route's odd validation
+  batch, and the Trainer plugin that lets Lightning start the DDP ranks inside one SLURM job.
+
+The gate: before a stage uses a hook, every target is looked up in the installed packages and its source compared
+with the one the hook was checked against (`checked_sources.CHECKED`). A hook whose target is missing or changed
+stays off and the log says which and why: a speedup is left off (training is then rfdetr's own), an always-on hook
+falls back to rfdetr's own code as its `fallback` says. Speedups are also held to the rfdetr release they were
+checked against (`CHECKED_RFDETR`), since they rely on more of its behaviour than the targets' source.
+
+`python -m rfdetr_coco_pipeline.hooks` prints the speedups as the table of docs/speedups.md;
+`python -m rfdetr_coco_pipeline.hooks --sources` prints the installed targets' source digests, to record after
+checking the hooks against a new release.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import inspect
+import logging
+import pkgutil
+from collections.abc import Collection, Iterable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from rfdetr_coco_pipeline.common import StageError
+
+log = logging.getLogger(__name__)
+
+CHECKED_RFDETR = "1.11.2"
+
+
+@dataclass(frozen=True)
+class Hook:
+    """An always-on hook: `entry` ("module:attribute") is what the workflow uses, `targets` the private names of
+    rfdetr or Lightning ("module:attribute" or "module:Class.attribute") it replaces or reads, and `fallback` what
+    runs when the gate keeps it off."""
+
+    name: str
+    entry: str
+    targets: tuple[str, ...]
+    purpose: str
+    fallback: str
+
+
+@dataclass(frozen=True)
+class Speedup:
+    """A speedup. `entry` is "module:attribute": for kind "patch" a function that returns a context manager (taking
+    the `train` settings named in `options` as keyword arguments), for kind "callback" a Lightning callback class
+    constructed without arguments. `replaces` says what it swaps: for a patch the private names, for a callback in
+    words. `reads` lists further private names it relies on. `needs` names the modules it cannot work without;
+    `gpu_only` marks one that gains nothing when training runs on the CPU. `test` is the test that shows it gives
+    rfdetr's values."""
+
+    name: str
+    kind: Literal["patch", "callback"]
+    entry: str
+    replaces: tuple[str, ...]
+    effect: str
+    test: str
+    reads: tuple[str, ...] = ()
+    options: tuple[str, ...] = ()
+    needs: tuple[str, ...] = ()
+    gpu_only: bool = False
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        return (*(self.replaces if self.kind == "patch" else ()), *self.reads)
+
+    def load(self) -> Any:
+        return pkgutil.resolve_name(self.entry)
+
+
+def _patch(
+    name: str,
+    replaces: tuple[str, ...],
+    effect: str,
+    test: str,
+    reads: tuple[str, ...] = (),
+    options: tuple[str, ...] = (),
+    needs: tuple[str, ...] = (),
+    gpu_only: bool = False,
+) -> Speedup:
+    entry = f"rfdetr_coco_pipeline.hooks.patches.{name}:{name}"
+    return Speedup(name, "patch", entry, replaces, effect, test, reads, options, needs, gpu_only)
+
+
+def _callback(name: str, cls: str, replaces: str, effect: str, test: str, reads: tuple[str, ...] = ()) -> Speedup:
+    entry = f"rfdetr_coco_pipeline.hooks.callbacks.{name}:{cls}"
+    return Speedup(name, "callback", entry, (replaces,), effect, test, reads)
+
+
+CRITERION = "rfdetr.models.criterion:SetCriterion"
+COCO_EVAL = "rfdetr.training.callbacks.coco_eval"
+COCO_MAP = "rfdetr.training.coco_map"
+MODULE = "rfdetr.training.module_model:RFDETRModelModule"
+DATA_MODULE = "rfdetr.training.module_data:RFDETRDataModule"
+# rfdetr's train() looks this up when it is called: wrapping it reaches the Trainer train() builds
+BUILD_TRAINER = ("rfdetr.training:build_trainer", "rfdetr.detr:RFDETR.train")
+SAMPLER_EPOCH = "lightning_fabric.utilities.data:_set_sampler_epoch"
+
+SPEEDUPS: tuple[Speedup, ...] = (
+    _patch(
+        "targets_one_copy",
+        ("rfdetr.utilities.tensors:PackedTargets.to_list",),
+        "a batch's targets reach the GPU in one copy per field, not one per field and image",
+        "tests/test_targets_one_copy.py::test_one_copy_per_field_gives_rfdetrs_targets",
+    ),
+    _patch(
+        "matches_on_device",
+        ("rfdetr.models._assignment:assign_many_bucketed",),
+        "the matcher's indices reach the loss on the GPU in one copy that does not wait",
+        "tests/test_matches_on_device.py::test_the_loss_is_the_same_with_and_without_the_extension_on_the_cpu",
+    ),
+    _patch(
+        "matching_without_waiting",
+        ("rfdetr.models.matcher:HungarianMatcher._match_many", f"{CRITERION}.num_boxes_for_targets"),
+        "the batched matching and the loss's box count are queued on the GPU without reading anything back",
+        "tests/test_matching_without_waiting.py::test_the_loss_and_the_matches_are_rfdetrs",
+        reads=("rfdetr.models.matcher:_SANITIZED_COST_MARGIN",),
+    ),
+    _patch(
+        "target_counts_without_waiting",
+        (f"{CRITERION}._get_batched_detection_losses",),
+        "the batched loss's per-image target counts reach the GPU from pinned memory, without a copy that waits",
+        "tests/test_target_counts_without_waiting.py::test_the_batched_losses_are_rfdetrs",
+        gpu_only=True,  # rfdetr takes the batched loss path on CUDA only
+    ),
+    _patch(
+        "gather_matched_targets",
+        (f"{CRITERION}._get_matched_targets",),
+        "the loss gathers each layer's matched targets in a few operations, not three per image",
+        "tests/test_gather_matched_targets.py::test_each_layers_matched_targets_equal_rfdetrs",
+        reads=("rfdetr.models.criterion:_MatchedTargets",),
+    ),
+    _patch(
+        "ema_without_waiting",
+        ("rfdetr.training.callbacks.ema:RFDETREMACallback._update_ema_for_step",),
+        "the EMA update keeps its counter on the host instead of reading it from the GPU three times a step",
+        "tests/test_ema_without_waiting.py::test_the_ema_weights_and_counter_equal_rfdetrs_over_many_steps",
+    ),
+    _patch(
+        "lr_log_on_device",
+        (f"{MODULE}._log_learning_rates",),
+        "the learning rates are logged as tensors filled on the GPU, without a copy that waits",
+        "tests/test_lr_log_on_device.py::test_the_same_values_names_and_settings_reach_lightning",
+        reads=("pytorch_lightning.trainer.connectors.logger_connector.result:_get_default_dtype",),
+    ),
+    _patch(
+        "progress_bar_without_waiting",
+        (
+            "pytorch_lightning.trainer.connectors.logger_connector.result:_ResultCollection.metrics",
+            "pytorch_lightning.trainer.connectors.logger_connector.result:convert_tensors_to_scalars",
+        ),
+        "the progress bar shows the newest loss and learning rate that reached the host, without waiting each step",
+        "tests/test_progress_bar_without_waiting.py::test_on_the_cpu_the_bar_shows_lightnings_values",
+        gpu_only=True,  # on the CPU nothing waits: the values are already on the host
+    ),
+    _patch(
+        "nice_loader_workers",
+        ("rfdetr.training.module_data:_worker_init_fn",),
+        "the data-loader workers run train.loader_niceness below the training process",
+        "tests/test_nice_loader_workers.py::test_workers_run_niced_and_load_the_same_items",
+        options=("loader_niceness",),
+    ),
+    _patch(
+        "images_as_bytes",
+        ("rfdetr.datasets.coco:_route_transforms", f"{DATA_MODULE}.on_after_batch_transfer"),
+        "training images travel from the workers as uint8 and are normalised on the GPU, bit for bit",
+        "tests/test_images_as_bytes.py::test_training_batches_travel_as_bytes_and_arrive_as_rfdetrs_floats",
+    ),
+    _patch(
+        "validation_images_as_bytes",
+        ("rfdetr.datasets.coco:_route_transforms", f"{DATA_MODULE}.on_after_batch_transfer"),
+        "validation images travel from the workers as uint8 and are normalised on the GPU, bit for bit",
+        "tests/test_images_as_bytes.py::test_validation_batches_travel_as_bytes_and_arrive_as_rfdetrs_floats",
+    ),
+    _patch(
+        "deformable_sampling",
+        ("rfdetr.models.ops.functions.ms_deform_attn_func:_bilinear_grid_sample",),
+        "the decoder's bilinear sampling runs as Triton kernels on CUDA (needs Triton)",
+        "tests/test_deformable_sampling.py::test_in_tritons_interpreter_the_kernels_give_grid_samples_values_and_gradients",
+        needs=("triton",),
+    ),
+    _patch(
+        "padding_in_one_copy",
+        ("rfdetr.models.matcher:pad_sequence",),
+        "the matcher pads a batch's targets in two operations instead of one copy per image",
+        "tests/test_padding_in_one_copy.py::test_the_padding_equals_pad_sequences",
+        reads=("rfdetr.models.matcher:HungarianMatcher._compute_compact_detection_cost_matrix",),
+    ),
+    _patch(
+        "metric_update_per_batch",
+        (f"{COCO_EVAL}:COCOEvalCallback._convert_targets", f"{COCO_MAP}:OnePassCocoMeanAveragePrecision.update"),
+        "a validation batch's boxes reach the COCO metric converted once per batch, not once per image",
+        "tests/test_metric_update_per_batch.py::test_the_metrics_state_and_result_equal_rfdetrs_bit_for_bit",
+        reads=(f"{COCO_MAP}:_METRIC_INPUT_FIELDS",),
+    ),
+    _patch(
+        "metric_inputs_in_one_copy",
+        (
+            f"{COCO_EVAL}:COCOEvalCallback._convert_preds",
+            f"{COCO_EVAL}:COCOEvalCallback._convert_targets",
+            f"{COCO_MAP}:OnePassCocoMeanAveragePrecision.merge_distributed_state",
+        ),
+        "a validation batch's predictions and targets reach the COCO metric on the host in one copy per dtype",
+        "tests/test_validation_metrics.py::test_validation_metrics_equal_rfdetrs_with_the_validation_speedups",
+        reads=(f"{COCO_MAP}:_MAP_STATE_ATTRS",),
+    ),
+    _patch(
+        "matching_in_workers",
+        (
+            f"{COCO_EVAL}:build_matching_data",
+            f"{COCO_EVAL}:merge_matching_data",
+            f"{COCO_EVAL}:init_matching_accumulator",
+            f"{COCO_EVAL}:COCOEvalCallback._compute_and_log_f1_metrics",
+        ),
+        "validation's F1 matching runs in worker processes while the next batch goes on; merged in batch order",
+        "tests/test_validation_metrics.py::test_matching_in_workers_gives_rfdetrs_accumulator_array_for_array",
+        # on the CPU the training process is the one computing, so handing matching to workers only adds their start
+        gpu_only=True,
+    ),
+    _patch(
+        "evaluation_on_every_core",
+        (f"{COCO_MAP}:_vernier_thread_budget",),
+        "the COCO evaluation at each validation's end runs on every core of the rank, not on torch's one thread",
+        "tests/test_evaluation_on_every_core.py::test_the_evaluation_gets_every_core_and_gives_rfdetrs_metrics",
+        gpu_only=True,  # on the CPU torch's threads, and so rfdetr's budget, are every core already
+    ),
+    _patch(
+        "eager_validation",
+        (f"{MODULE}._resolve_eval_model",),
+        "validation runs the model uncompiled: no eval-graph compile at each job's first validation",
+        "tests/test_eager_validation.py::test_validation_runs_the_compiled_models_module_without_compiling_it",
+        gpu_only=True,  # rfdetr compiles only on CUDA: on the CPU there is no wrapper to look through
+    ),
+    _patch(
+        "checkpoints_in_background",
+        BUILD_TRAINER[:1],
+        "each epoch's last.ckpt is written by a background thread (Lightning's AsyncCheckpointIO) as the next trains",
+        "tests/test_checkpoints_in_background.py::test_the_file_holds_the_checkpoint_as_it_was_when_saved",
+        reads=BUILD_TRAINER[1:],
+        # on the CPU the writer takes the cores the model computes on: epochs ran longer by what the wait saved
+        gpu_only=True,
+    ),
+    _callback(
+        "static_cuda_graphs",
+        "StaticCudaGraphs",
+        "rfdetr's compiled model: compiled again for the one training shape, replayed as CUDA graphs",
+        "profiles with compile and cuda_graphs on: no dynamic-shape compile, CUDA graph replay, compiled losses",
+        "tests/test_gpu.py::test_the_h200_row_as_a_user_gets_it_captures_and_replays_cuda_graphs",
+        reads=(f"{MODULE}.__init__", f"{CRITERION}.enable_compiled_detection_losses"),
+    ),
+    _callback(
+        "gc_freeze",
+        "FreezeAfterWarmup",
+        "CPython's full garbage collections over the training process's long-lived objects",
+        "after each epoch's first steps the process's objects are frozen, so full collections skip them",
+        "tests/test_gc_freeze.py::test_training_freezes_after_the_first_steps_and_the_epoch_log_counts_full_collections",
+    ),
+    _callback(
+        "next_epoch_during_validation",
+        "NextEpochDuringValidation",
+        "when the training loader's workers start on an epoch: during the previous validation, not after it",
+        "the loader's workers decode the next epoch's first batches while the model validates",
+        "tests/test_next_epoch_during_validation.py::"
+        "test_the_next_epochs_first_batch_is_ready_when_validation_ends_and_the_batches_are_the_same",
+        reads=(SAMPLER_EPOCH,),
+    ),
+    _callback(
+        "validation_loader_ahead",
+        "ValidationLoaderAhead",
+        "when the validation loader's workers start: during the epoch's last training steps, not after them",
+        "the loader's workers decode the first validation batches while the last training steps run",
+        "tests/test_validation_loader_ahead.py::"
+        "test_the_validation_batches_are_on_their_way_before_validation_starts_and_are_the_same",
+        reads=(SAMPLER_EPOCH,),
+    ),
+)
+NAMES: tuple[str, ...] = tuple(speedup.name for speedup in SPEEDUPS)
+SETTINGS = ("auto", "all", "none")  # train.speedups: one of these, or a list of NAMES
+
+HOOKS: tuple[Hook, ...] = (
+    Hook(
+        "coco_metrics",
+        "rfdetr_coco_pipeline.hooks.coco_metrics:captured_coco_metrics",
+        (f"{COCO_EVAL}:COCOEvalCallback._compute_map_metric",),
+        "the evaluate stage keeps rfdetr's whole COCO result: AP by object size, AR at 1, 10 and 100 detections",
+        "the evaluate stage reports what rfdetr's evaluate() returns: AP, AP50, AP75, AR@100 and AP per class",
+    ),
+    Hook(
+        "fp8_validation",
+        "rfdetr_coco_pipeline.hooks.fp8_validation:validation_of_any_size",
+        (f"{MODULE}.validation_step",),
+        "on the FP8 route, a validation batch off Transformer Engine's shape rule runs without FP8",
+        "a validation set whose last batch breaks the rule stops before training, naming the fix",
+    ),
+    Hook(
+        "trainer_plugins",
+        "rfdetr_coco_pipeline.hooks.trainer_plugins:trainer_plugins",
+        BUILD_TRAINER,
+        "adds Lightning plugins to rfdetr's Trainer: the environment that lets Lightning start DDP ranks inside a "
+        "SLURM job",
+        "rfdetr's Trainer as built: inside a SLURM job Lightning then expects srun to have started one task per GPU",
+    ),
+)
+
+
+class SpeedupError(StageError):
+    """train.speedups cannot be honoured; the message says why and what to do."""
+
+
+# ------------------------------------------------------------------------------------------------ the gate ----
+
+
+def resolve(path: str) -> Any:
+    """The object at "module:attribute" or "module:Class.attribute"; AttributeError or ImportError when missing."""
+    module, _, attribute = path.partition(":")
+    target: Any = importlib.import_module(module)
+    for name in attribute.split("."):
+        target = inspect.getattr_static(target, name)
+    return target
+
+
+def source_digest(target: Any) -> str | None:
+    """A short digest of a function's or class's source, None for an object without source (a constant, a
+    builtin)."""
+    function = getattr(target, "fget", None) or getattr(target, "__func__", None) or target
+    try:
+        source = inspect.getsource(function)
+    except (OSError, TypeError):
+        return None
+    return hashlib.sha256(source.encode()).hexdigest()[:12]
+
+
+def target_problem(path: str) -> str | None:
+    """Why `path` is not what its hooks were checked against (missing, or its source changed), or None."""
+    from rfdetr_coco_pipeline.hooks.checked_sources import CHECKED
+
+    try:
+        target = resolve(path)
+    except (ImportError, AttributeError):
+        return f"{path} is missing from the installed packages"
+    checked = CHECKED.get(path)
+    if checked is None:
+        return None  # only its existence was checked: no source of its own (a constant), or not rfdetr's
+    digest = source_digest(target)
+    if digest not in checked:
+        return f"{path} changed since it was checked (source digest {digest}, checked {', '.join(checked)})"
+    return None
+
+
+def gate(hooks: Iterable[Hook | Speedup]) -> dict[str, str]:
+    """For each of `hooks` whose targets are not all as checked: its name and why."""
+    problems = {}
+    for hook in hooks:
+        found = [problem for path in hook.targets if (problem := target_problem(path))]
+        if found:
+            problems[hook.name] = "; ".join(found)
+    return problems
+
+
+def check_hooks() -> dict[str, str]:
+    """Check every always-on hook's targets as a stage starts and log the result: those that stay off, why, and
+    what runs instead. Returns them by name."""
+    problems = gate(HOOKS)
+    for hook in HOOKS:
+        if hook.name in problems:
+            log.warning("Hook %s is off: %s. Instead: %s.", hook.name, problems[hook.name], hook.fallback)
+    log.info("Hooks into rfdetr checked: %d of %d as checked", len(HOOKS) - len(problems), len(HOOKS))
+    return problems
+
+
+def hook_off_reason(name: str) -> str | None:
+    """Why the always-on hook `name` stays off here (its targets are not as checked, which the log says, with what
+    runs instead), or None when it can be used."""
+    hook = next(hook for hook in HOOKS if hook.name == name)
+    problem = gate([hook]).get(name)
+    if problem:
+        log.warning("Hook %s is off: %s. Instead: %s.", name, problem, hook.fallback)
+    return problem
+
+
+# --------------------------------------------------------------------------------------- train.speedups ----
+
+
+def speedup_setting_problem(setting: Any) -> str | None:
+    """What is wrong with a `train.speedups` value, or None: one of `SETTINGS`, or a list of known names."""
+    if isinstance(setting, str):
+        return None if setting in SETTINGS else f"train.speedups: {setting!r} is not one of {', '.join(SETTINGS)}"
+    unknown = [name for name in setting or () if name not in NAMES]
+    if unknown:
+        return f"train.speedups: unknown speedup(s) {', '.join(unknown)} (known: {', '.join(NAMES)})"
+    return None
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What `train.speedups` selected for the installed rfdetr: the speedups to apply, the others with a reason."""
+
+    applied: tuple[Speedup, ...]
+    left_off: tuple[tuple[Speedup, str], ...]
+
+    def names(self) -> list[str]:
+        return [speedup.name for speedup in self.applied]
+
+    def report(self) -> list[str]:
+        """Log lines: what is applied, then each speedup left off and why."""
+        lines = [f"Speedups applied ({len(self.applied)} of {len(SPEEDUPS)}): {', '.join(self.names()) or 'none'}"]
+        lines += [f"Speedup left off: {speedup.name}: {why}" for speedup, why in self.left_off]
+        return lines
+
+
+def missing_modules() -> frozenset[str]:
+    """The modules some speedup `needs` that this interpreter cannot import (looked up without importing them)."""
+    return frozenset(
+        module for speedup in SPEEDUPS for module in speedup.needs if importlib.util.find_spec(module) is None
+    )
+
+
+def select_speedups(
+    setting: str | Sequence[str],
+    rfdetr_version: str,
+    missing: Collection[str] | None = None,
+    device_kind: str = "cuda",
+    changed: dict[str, str] | None = None,
+) -> Selection:
+    """The speedups `setting` (train.speedups) asks for, given the installed rfdetr's version, `missing` (the
+    modules that do not import here; None: `missing_modules()`), the device training runs on (`device_kind`:
+    "cuda" or "cpu") and `changed` (the speedups whose targets are not as checked; None: the gate's answer).
+
+    `auto` applies every speedup with the rfdetr version they were checked against and none with another (training
+    is then stock rfdetr's); it leaves off, saying why, one whose targets changed, one whose `needs` are missing and,
+    on the CPU, a `gpu_only` one. `all`, or a list of names, trains with every speedup it asks for or refuses with
+    `SpeedupError` (a `gpu_only` one applies on the CPU too). `none` applies nothing.
+    """
+    if problem := speedup_setting_problem(setting):
+        raise SpeedupError(problem)
+    wanted = list(NAMES) if setting in ("auto", "all") else [] if setting == "none" else list(setting)
+    asked = "every speedup" if setting == "all" else ", ".join(wanted)
+    if wanted and rfdetr_version != CHECKED_RFDETR:
+        if setting != "auto":
+            raise SpeedupError(
+                f"train.speedups asks for {asked}, which were checked against rfdetr {CHECKED_RFDETR}, but rfdetr "
+                f"{rfdetr_version} is installed. Install rfdetr=={CHECKED_RFDETR} (pip install -e . does), or set "
+                "train.speedups: auto to train with stock rfdetr."
+            )
+        reason = f"checked against rfdetr {CHECKED_RFDETR}, but rfdetr {rfdetr_version} is installed"
+        return Selection((), tuple((speedup, reason) for speedup in SPEEDUPS))
+    missing = missing_modules() if missing is None else frozenset(missing)
+    if changed is None:
+        changed = gate(speedup for speedup in SPEEDUPS if speedup.name in wanted)
+    absent = {
+        speedup.name: [module for module in speedup.needs if module in missing]
+        for speedup in SPEEDUPS
+        if speedup.name in wanted and missing.intersection(speedup.needs)
+    }
+    lacking = {name: f"needs {', '.join(modules)}, which this Python cannot import" for name, modules in absent.items()}
+    lacking |= {name: problem for name, problem in changed.items() if name in wanted}
+    if setting == "auto" and device_kind != "cuda":
+        lacking |= {
+            speedup.name: "gains only when training runs on a GPU (train.device: cpu)"
+            for speedup in SPEEDUPS
+            if speedup.gpu_only and speedup.name not in lacking
+        }
+    if lacking and setting != "auto":
+        modules = sorted({module for found in absent.values() for module in found})
+        fix = f"Install what is missing (pip install {' '.join(modules)}), or set" if modules else "Set"
+        raise SpeedupError(
+            f"train.speedups asks for {asked}, but {'; '.join(f'{name}: {why}' for name, why in lacking.items())}. "
+            f"{fix} train.speedups: auto, which leaves {', '.join(lacking)} off and says so in the log."
+        )
+    why_off = "train.speedups: none" if setting == "none" else "not named in train.speedups"
+    return Selection(
+        tuple(speedup for speedup in SPEEDUPS if speedup.name in wanted and speedup.name not in lacking),
+        tuple(
+            (speedup, lacking.get(speedup.name, why_off))
+            for speedup in SPEEDUPS
+            if speedup.name not in wanted or speedup.name in lacking
+        ),
+    )
+
+
+@contextmanager
+def applied(selection: Selection, options: Any = None) -> Iterator[list[Any]]:
+    """Within this block the selected patches are in place; yields the selected callbacks, to add to the Trainer.
+    `options` holds the settings a patch takes (`Speedup.options`: the `train` settings). Afterwards rfdetr's own
+    code is back, also after an error."""
+    callbacks: list[Any] = []
+    with ExitStack() as patches:
+        for speedup in selection.applied:
+            entry = speedup.load()
+            if speedup.kind == "callback":
+                callbacks.append(entry())
+            else:
+                patches.enter_context(entry(**{name: getattr(options, name) for name in speedup.options}))
+        yield callbacks
+
+
+def markdown_table() -> str:
+    """The speedups as docs/speedups.md shows them."""
+    rows = ["| speedup | what it does | replaces | test that shows rfdetr's values |", "| --- | --- | --- | --- |"]
+    for speedup in SPEEDUPS:
+        replaces = "<br>".join(f"`{what}`" if speedup.kind == "patch" else what for what in speedup.replaces)
+        rows.append(f"| `{speedup.name}` | {speedup.effect} | {replaces} | `{speedup.test}` |")
+    return "\n".join(rows)
+
+
+def all_targets() -> list[str]:
+    """Every target of every hook and speedup, once each, in registry order."""
+    paths = [path for hook in (*SPEEDUPS, *HOOKS) for path in hook.targets]
+    return list(dict.fromkeys(paths))

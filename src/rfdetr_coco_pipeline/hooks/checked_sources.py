@@ -1,0 +1,41 @@
+"""The source digests of the hooks' targets, as they were when the hooks were checked (`hooks.source_digest`):
+rfdetr 1.11.2 with pytorch-lightning 2.6.6. A target missing here has no source of its own (a constant) or is not
+rfdetr's or Lightning's; only its existence is checked. After checking the hooks against a new release, add the
+digests `python -m rfdetr_coco_pipeline.hooks --sources` prints beside these."""
+
+CHECKED: dict[str, tuple[str, ...]] = {
+    "rfdetr.utilities.tensors:PackedTargets.to_list": ("f7d7ba77e68b",),
+    "rfdetr.models._assignment:assign_many_bucketed": ("aca2785d9378",),
+    "rfdetr.models.matcher:HungarianMatcher._match_many": ("5420f219e116",),
+    "rfdetr.models.criterion:SetCriterion.num_boxes_for_targets": ("99504452f05c",),
+    "rfdetr.models.criterion:SetCriterion._get_batched_detection_losses": ("05fc865d8185",),
+    "rfdetr.models.criterion:SetCriterion._get_matched_targets": ("ade0a3fca6b1",),
+    "rfdetr.models.criterion:_MatchedTargets": ("ca265620a7f8",),
+    "rfdetr.training.callbacks.ema:RFDETREMACallback._update_ema_for_step": ("f857810fe04e",),
+    "rfdetr.training.module_model:RFDETRModelModule._log_learning_rates": ("01447e301c4f",),
+    "pytorch_lightning.trainer.connectors.logger_connector.result:_get_default_dtype": ("70bcb0ca6fc3",),
+    "pytorch_lightning.trainer.connectors.logger_connector.result:_ResultCollection.metrics": ("253a052f55f9",),
+    "pytorch_lightning.trainer.connectors.logger_connector.result:convert_tensors_to_scalars": ("d829799e1fb8",),
+    "rfdetr.training.module_data:_worker_init_fn": ("b886980483fc",),
+    "rfdetr.datasets.coco:_route_transforms": ("c7fb8d132efe",),
+    "rfdetr.training.module_data:RFDETRDataModule.on_after_batch_transfer": ("6574b625bd57",),
+    "rfdetr.models.ops.functions.ms_deform_attn_func:_bilinear_grid_sample": ("34c5635186d8",),
+    "rfdetr.models.matcher:HungarianMatcher._compute_compact_detection_cost_matrix": ("954badbcd4cf",),
+    "rfdetr.training.callbacks.coco_eval:COCOEvalCallback._convert_targets": ("f692fc7518a9",),
+    "rfdetr.training.coco_map:OnePassCocoMeanAveragePrecision.update": ("df847098f6c7",),
+    "rfdetr.training.callbacks.coco_eval:COCOEvalCallback._convert_preds": ("cf1dbaf4eb29",),
+    "rfdetr.training.coco_map:OnePassCocoMeanAveragePrecision.merge_distributed_state": ("c2de75dc52a1",),
+    "rfdetr.training.callbacks.coco_eval:build_matching_data": ("fd14f54d59c9",),
+    "rfdetr.training.callbacks.coco_eval:merge_matching_data": ("8cede846c24a",),
+    "rfdetr.training.callbacks.coco_eval:init_matching_accumulator": ("579dc9800240",),
+    "rfdetr.training.callbacks.coco_eval:COCOEvalCallback._compute_and_log_f1_metrics": ("3e08fc351e2f",),
+    "rfdetr.training.coco_map:_vernier_thread_budget": ("7426eb489a96",),
+    "rfdetr.training.module_model:RFDETRModelModule._resolve_eval_model": ("252f8255b81e",),
+    "rfdetr.training:build_trainer": ("d110a592cc69",),
+    "rfdetr.detr:RFDETR.train": ("ceca3c9b37c0",),
+    "rfdetr.training.module_model:RFDETRModelModule.__init__": ("394aad508c4a",),
+    "rfdetr.models.criterion:SetCriterion.enable_compiled_detection_losses": ("582a722f0680",),
+    "lightning_fabric.utilities.data:_set_sampler_epoch": ("f3f49c3ef373",),
+    "rfdetr.training.callbacks.coco_eval:COCOEvalCallback._compute_map_metric": ("05189308f01a",),
+    "rfdetr.training.module_model:RFDETRModelModule.validation_step": ("4962e315da0f",),
+}

@@ -1,0 +1,110 @@
+"""What a run needs from the machine, said before anything is downloaded.
+
+- `needs_summary`: what a run prints as it starts: disk needed against free, room on the RAM disk, the GPU found
+  here, and the time the jobs ask of a scheduler (`resources.*`).
+- `training_job_cores`: the cores a training job asks for: `train.max_workers` per GPU (16 on a CPU run).
+- `check_gpus`: the check_gpus job, which runs where training will run, before the first download: the training
+  job's own error for a missing GPU or for fewer GPUs than `train.gpus`, before 19 GB are fetched rather than after.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from rfdetr_coco_pipeline.blocks import run_blocks
+from rfdetr_coco_pipeline.common import StageError, size
+from rfdetr_coco_pipeline.settings import Settings
+from rfdetr_coco_pipeline.training.device import check_gpu_count, detect_device
+
+CPU_RUN_CORES = 16  # a CPU run computes the model on the host: as many cores as the other CPU-heavy rules ask
+
+
+def existing_parent(path: Path) -> Path:
+    """`path`, or its nearest folder that exists (where its files would go)."""
+    path = path.absolute()
+    while not path.exists():
+        path = path.parent
+    return path
+
+
+def disk_needed(settings: Settings) -> int:
+    """Bytes the data still needs on disk at its peak: the files of each archive not yet extracted, and the archives
+    themselves (all of them with extract.keep_archives, else the largest, which is deleted once extracted)."""
+    pending = [archive for archive in settings.archives if not (settings.paths.dataset / archive.folder).is_dir()]
+    archives = [archive.size_bytes for archive in pending]
+    kept = sum(archives) if settings.extract.keep_archives else max(archives, default=0)
+    return sum(archive.extracted_bytes for archive in pending) + kept
+
+
+def gpu_here() -> str:
+    try:
+        device = detect_device("cuda")
+    except StageError:
+        return "none found here"
+    return device.describe()
+
+
+def needs_summary(settings: Settings) -> str:
+    """A few lines: disk, RAM disk, GPU, and the time the jobs ask for."""
+    free = shutil.disk_usage(existing_parent(settings.data_dir)).free
+    needed = disk_needed(settings)
+    stage = settings.stage
+    dataset_bytes = sum(archive.extracted_bytes for archive in settings.archives)
+    if not stage.enabled:
+        ram = "staging is off (stage.enabled)"
+    elif not stage.ramdisk.is_dir():
+        ram = f"{stage.ramdisk} does not exist here: training will read the disk copy"
+    else:
+        room = shutil.disk_usage(stage.ramdisk).free
+        fits = room >= dataset_bytes + stage.headroom_gb * 2**30
+        ram = f"{size(room)} free in {stage.ramdisk} for a {size(dataset_bytes)} copy: " + (
+            "it fits" if fits else "too small, training will read the disk copy"
+        )
+    resources = settings.resources
+    blocks = run_blocks(settings).values()
+    train_hours = sum(30 + resources.train_minutes_per_epoch * (end - start) for start, end in blocks) / 60
+    lines = [
+        "What this run needs:",
+        f"  disk: {size(needed)} more at the peak for the data in {settings.data_dir}, {size(free)} free there"
+        + ("" if needed <= free else "  <- NOT ENOUGH"),
+        f"  RAM disk: {ram}",
+        f"  GPU: {gpu_here()}" + (" (train.device: cpu)" if settings.train.device == "cpu" else ""),
+        f"  time asked of a scheduler: {train_hours:.1f} h for {len(blocks)} training block(s) "
+        f"(resources.train_minutes_per_epoch: {resources.train_minutes_per_epoch}, plus 30 min each), "
+        f"{resources.evaluate_minutes} min for the evaluation; downloads depend on your network",
+    ]
+    return "\n".join(lines)
+
+
+def training_job_cores(settings: Settings) -> int:
+    """The cores a training job asks for. On a GPU, `train.max_workers` per GPU, so that each DDP rank's data loader
+    gets as many workers as one GPU's would (the notebook's min(cores, 16)), and at least one core per rank; on the
+    CPU, `CPU_RUN_CORES`, which the ranks' model computation shares. Snakemake caps it at `--cores` on one machine;
+    on SLURM it is the job's --cpus-per-task."""
+    if settings.train.device == "cpu":
+        return CPU_RUN_CORES
+    return max(1, settings.train.max_workers) * settings.recipe.gpus
+
+
+def checks_gpus(settings: Settings) -> bool:
+    """Whether the check_gpus job looks for GPUs (`preflight` on a GPU run), rather than only saying it did not."""
+    return settings.preflight and settings.train.device == "cuda"
+
+
+def check_gpus(settings: Settings) -> dict[str, Any]:
+    """The check_gpus job's report: the GPUs found, or why none were looked for. StageError with the training job's
+    own message when the GPUs training needs are not there."""
+    if not checks_gpus(settings):
+        why = "preflight: false" if not settings.preflight else "train.device: cpu"
+        return {"checked": False, "reason": why}
+    try:
+        device = detect_device("cuda")
+        check_gpu_count(device, settings.recipe.gpus)
+    except StageError as error:
+        raise StageError(
+            f"{error} Checked before the first download, where training will run, since training would stop there; "
+            "to run the jobs before it anyway (the download, say), add --config preflight=false."
+        ) from error
+    return {"checked": True, "device": device.describe()}
