@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# README's FP8 install command (pipeline.gpu_profiles.FP8_INSTALL), run unchanged on a GPU machine without network:
+# docs/fp8.md's FP8 install command (rfdetr_coco_pipeline.training.fp8.INSTALL), run unchanged on a GPU machine without network:
 # pip resolves the project and its fp8 extra offline, from files that travel in chunks small enough for one call.
 #
 #   bench/fp8_offline.sh pack DEST WHEELS  here, with the package index: Transformer Engine's parts
@@ -64,8 +64,8 @@ for item in json.load(open('$tmp/report.json'))['install']:
     wheels=$(realpath "${2:?WHEELS: the wheelhouse folder}"); files=/tmp/fp8-files
     rm -rf "$files" && mkdir -p "$files" && cat /tmp/fp8-chunks/chunk.* | tar xf - -C "$files"
     cat "$files"/part.[0-4] > "$files/$CORE" && (cd "$files" && md5sum -c core.md5) && rm "$files"/part.[0-4]
-    # read as text: importing pipeline.gpu_profiles needs the packages this command is about to install
-    command=$(cd "$here" && python3 -c 'import ast; print(next(n.value.value for n in ast.parse(open("pipeline/gpu_profiles.py").read()).body if isinstance(n, ast.Assign) and n.targets[0].id == "FP8_INSTALL"))')
+    # read as text: importing the package needs the packages this command is about to install
+    command=$(cd "$here" && python3 -c 'import ast; print(next(n.value.value for n in ast.parse(open("src/rfdetr_coco_pipeline/training/fp8.py").read()).body if isinstance(n, ast.Assign) and n.targets[0].id == "INSTALL"))')
     # the command's `pip` must be the pip of the Python that holds torch (in a user's venv it is; on the CUDA image
     # /usr/local/bin/pip belongs to another interpreter), so a shim ahead on PATH runs `python3 -m pip`
     mkdir -p /tmp/fp8-pip && printf '#!/bin/sh\nexec %s -m pip "$@"\n' "$(python3 -c 'import sys; print(sys.executable)')" > /tmp/fp8-pip/pip

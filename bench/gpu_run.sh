@@ -26,7 +26,7 @@ mkdir -p "$OUT"
 if [ ! -d /tmp/site ] && ! python3 -c 'import rfdetr, snakemake' 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
 fi
-export PYTHONPATH=/tmp/site:$PWD
+export PYTHONPATH=/tmp/site:$PWD:$PWD/src
 if [ ! -f "$DATA/annotations/instances_val2017.json" ]; then
   python3 bench/synth_coco.py "$DATA" "${N_TRAIN:-4096}" "${N_VAL:-500}" --detail "${DETAIL:-photo}" \
     ${DISTINCT_TRAIN:+--distinct-train "$DISTINCT_TRAIN"}

@@ -6,7 +6,7 @@
 #
 # usage: OUT=DIR TAG=NAME NAMES="runA runB ..." [TRAIN='<train settings as JSON>' | TRAIN_BUT=<speedup>] [COLD=1]
 #        [FIRST_LIMIT=330] [LIMIT=<s>] bash bench/route_runs.sh
-#   TRAIN_BUT: every speedup of rfdetr_extensions.NAMES but this one (TRAIN: the settings themselves; neither: the
+#   TRAIN_BUT: every speedup of rfdetr_coco_pipeline.hooks.NAMES but this one (TRAIN: the settings themselves; neither: the
 #              route's own speedups)
 #   COLD=1:    empty the compile cache, run the first name alone (at most FIRST_LIMIT seconds), then the others at
 #              once on the cache it left; otherwise every name at once on the cache there is
@@ -19,13 +19,13 @@ start=$(date +%s)
 tag=${TAG:?TAG names this call in times.txt and the checks}
 read -r -a names <<< "${NAMES:?NAMES are the runs}"
 [ -d /tmp/site ] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD
+export PYTHONPATH=/tmp/site:$PWD:$PWD/src
 data=/dev/shm/coco-prop
 [ -f $data/annotations/instances_val2017.json ] || python3 bench/synth_coco.py $data 11829 500 --detail coco > /dev/null
 echo "$tag set: $(( $(date +%s) - start )) s" | tee -a "$OUT/times.txt"
 train=${TRAIN:-}
 if [ -n "${TRAIN_BUT:-}" ]; then
-  train=$(LEFT_OUT=$TRAIN_BUT python3 -c 'import json, os, rfdetr_extensions as r
+  train=$(LEFT_OUT=$TRAIN_BUT python3 -c 'import json, os, rfdetr_coco_pipeline.hooks as r
 print(json.dumps({"speedups": [n for n in r.NAMES if n != os.environ["LEFT_OUT"]]}))')
 fi
 S="DATA=$data N_TRAIN=11829 N_VAL=500 DETAIL=coco ROUTE=h200 TRAIN_ONLY=1 SHARE_CACHE=1 EPOCHS=3"

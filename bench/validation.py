@@ -3,7 +3,7 @@
 usage: python -m bench.validation --dataset DIR --out FILE.json [--epochs 3] [--speedups all|none|NAME,...|all,-NAME]
            [--workers 16] [--profile auto|NAME] [--eager] [--state DIR] [--whole] [--eval-batch N] [--trace FILE]
 
-Trains `--epochs` epochs through the train stage's own rfdetr call (`rfdetr_coco_pipeline.training.rfdetr_call.run_rfdetr`: config.yaml's
+Trains `--epochs` epochs through the train stage's own rfdetr call (`training.rfdetr_call.run_rfdetr`: config.yaml's
 recipe and GPU profile, the selected speedups), so validation runs exactly as in a workflow run. Use a set with few
 training images and many validation images (`bench/synth_coco.py DIR 1024 5000`): then most of the time is
 validation. Two Lightning callbacks, one before and one after every other callback, wait for the GPU at each

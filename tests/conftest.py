@@ -22,7 +22,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # The files that run the workflow, longest first (about 6, 3.5 and 3 minutes alone on 2 cores): with the two
 # pytest-xdist workers of pyproject.toml, each taking whole files in this order, they start at once and the short
 # files fill in behind them, rather than one of them starting last while the other worker has nothing left to do.
-LONGEST_FILES = ["test_faults.py", "test_slurm.py", "test_pipeline.py", "test_shared_machine.py"]
+LONGEST_FILES = ["test_faults.py", "test_slurm.py", "test_pipeline.py", "test_shared_machine.py", "test_hook_gate.py"]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -19,7 +19,6 @@ import pytest
 from tests.helpers.archive_server import ArchiveServer
 from tests.helpers.tiny_coco import make_archives, md5
 from tests.helpers.workflow import (
-    REPO,
     dry_run_jobs,
     jobs_run,
     kill_group,

@@ -30,7 +30,7 @@ def read_block(workdir, block: str, name: str):
 
 
 def test_more_gpus_than_the_machine_has_stop_the_run_before_the_first_download(workdir, server, archives):
-    """`rfdetr_coco_pipeline.needs.gpu_preflight` with `rfdetr_coco_pipeline.training.profiles.check_gpu_count`, through snakemake."""
+    """The check_gpus job, through snakemake: it stops the run before anything is fetched."""
     visible = torch.cuda.device_count()
     write_gpu_config(workdir, tiny_config(workdir, server.url, archives, device="cuda", gpus=visible + 1))
     result = run_snakemake(workdir)
@@ -105,7 +105,7 @@ def test_the_fp8_route_trains_an_epoch_and_validates_with_transformer_engine(wor
 @pytest.mark.skipif(not TRANSFORMER_ENGINE, reason="Transformer Engine is not installed (README: 'The FP8 route')")
 def test_the_fp8_route_validates_a_validation_set_no_batch_size_splits_for_fp8(tmp_path):
     """5 validation images: a batch of 4 in FP8, then the last image alone, which Transformer Engine's FP8 layers
-    refuse (20 backbone rows at 64 px), without FP8 (`rfdetr_coco_pipeline.hooks.fp8_validation`)."""
+    refuse (20 backbone rows at 64 px), without FP8 (the `fp8_validation` hook)."""
     make_dataset(tmp_path / "coco", n_train=8, n_val=5)
     archives = make_archives(tmp_path / "coco", tmp_path / "archives")
     workdir = tmp_path / "work"

@@ -119,18 +119,20 @@ def test_ci_runs_exactly_the_readmes_test_command():
     assert test_command in ci, (test_command, ci)
 
 
-def test_the_fp8_install_is_one_command_in_the_readme_its_fault_table_and_the_error_message():
-    from rfdetr_coco_pipeline.training.profiles import FP8_INSTALL, transformer_engine_problem
+def test_the_fp8_install_is_one_command_in_its_page_the_fault_table_and_the_error_message():
+    from rfdetr_coco_pipeline.training.fp8 import INSTALL, transformer_engine_problem
 
     problem = transformer_engine_problem()
     if problem is None:
         pytest.skip("Transformer Engine imports here: no error message to read")
-    assert FP8_INSTALL in problem
-    assert any(FP8_INSTALL in block.splitlines() for block in BLOCKS)  # the install block of "The FP8 route"
-    row = next(line for line in README.splitlines() if line.startswith("| FP8 asked for without Transformer Engine"))
-    assert f"`{FP8_INSTALL}`" in row
-    fp8_installs = [line for line in README.splitlines() if ".[fp8]" in line]
-    assert len(fp8_installs) == 2 and all(FP8_INSTALL in line for line in fp8_installs), fp8_installs
+    assert INSTALL in problem
+    fp8_page = (REPO / "docs" / "fp8.md").read_text()
+    assert any(INSTALL in block.splitlines() for block in re.findall(BASH_BLOCK, fp8_page, re.S))
+    faults = (REPO / "docs" / "faults.md").read_text()
+    row = next(line for line in faults.splitlines() if line.startswith("| FP8 asked for without Transformer Engine"))
+    assert f"`{INSTALL}`" in row
+    for page in (README, fp8_page, faults):
+        assert all(INSTALL in line for line in page.splitlines() if ".[fp8]" in line)
 
 
 def test_the_prerequisites_are_the_configs_requests_and_the_benchmarks_projection():

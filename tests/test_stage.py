@@ -107,7 +107,10 @@ def test_a_copy_another_process_reads_is_kept_and_removed_once_it_is_done(tiny_d
     ramdisk = tmp_path / "shm"
     ramdisk.mkdir()
     staged = Path(stage_dataset(tiny_dataset, ramdisk, "coco", 0)["path"])
-    holder = f"from rfdetr_coco_pipeline.data.dataset import CopyUsers; import sys, pathlib; c = CopyUsers(pathlib.Path({str(staged)!r}))"
+    holder = (
+        "from rfdetr_coco_pipeline.data.dataset import CopyUsers; import sys, pathlib; "
+        f"c = CopyUsers(pathlib.Path({str(staged)!r}))"
+    )
     reader = subprocess.Popen(
         [sys.executable, "-c", f"{holder}; c.hold(); print('holding', flush=True); sys.stdin.read()"],
         stdin=subprocess.PIPE,

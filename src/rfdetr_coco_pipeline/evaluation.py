@@ -146,7 +146,7 @@ PROVENANCE = ("weights", "best_source", "saved_at_step", "images", "max_detectio
 
 def evaluate_run(
     settings: Settings, weights: Path, run_json: Path, dataset: Path, files: EvaluationFiles, workers: int
-):
+) -> None:
     """The evaluate stage: evaluate `weights` (the run described by `run_json`) and write `files`."""
     device = detect_device(settings.train.device)
     with_hook = "coco_metrics" not in check_hooks()

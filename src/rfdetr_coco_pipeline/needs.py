@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +39,24 @@ def disk_needed(settings: Settings) -> int:
     return sum(archive.extracted_bytes for archive in pending) + kept
 
 
-def gpu_here() -> str:
-    try:
-        device = detect_device("cuda")
-    except StageError:
+def gpus_here() -> str:
+    """The NVIDIA GPUs of this machine as nvidia-smi lists them (asked without importing torch, which would add
+    seconds to every run's start)."""
+    if shutil.which("nvidia-smi") is None:
         return "none found here"
-    return device.describe()
+    try:
+        listed = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "none found here"
+    gpus = [line.strip() for line in listed.stdout.splitlines() if line.strip()] if listed.returncode == 0 else []
+    if not gpus:
+        return "none found here"
+    return f"{len(gpus)} x {gpus[0]}" if len(set(gpus)) == 1 else ", ".join(gpus)
 
 
 def needs_summary(settings: Settings) -> str:
@@ -70,7 +83,7 @@ def needs_summary(settings: Settings) -> str:
         f"  disk: {size(needed)} more at the peak for the data in {settings.data_dir}, {size(free)} free there"
         + ("" if needed <= free else "  <- NOT ENOUGH"),
         f"  RAM disk: {ram}",
-        f"  GPU: {gpu_here()}" + (" (train.device: cpu)" if settings.train.device == "cpu" else ""),
+        f"  GPU: {gpus_here()}" + (" (train.device: cpu)" if settings.train.device == "cpu" else ""),
         f"  time asked of a scheduler: {train_hours:.1f} h for {len(blocks)} training block(s) "
         f"(resources.train_minutes_per_epoch: {resources.train_minutes_per_epoch}, plus 30 min each), "
         f"{resources.evaluate_minutes} min for the evaluation; downloads depend on your network",

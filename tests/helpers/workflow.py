@@ -81,9 +81,12 @@ def snakemake_command(workdir: Path, *args: str) -> list[str]:
     ]
 
 
-def run_snakemake(workdir: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    """Run snakemake to completion; the result carries its exit code and combined output."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+def run_snakemake(
+    workdir: Path, *args: str, timeout: float = 900, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run snakemake to completion (with `env` added to this process's environment); the result carries its exit
+    code and combined output."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run(
         snakemake_command(workdir, *args),
         cwd=workdir,

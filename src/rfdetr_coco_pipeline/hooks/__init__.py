@@ -14,7 +14,7 @@ stays off and the log says which and why: a speedup is left off (training is the
 falls back to rfdetr's own code as its `fallback` says. Speedups are also held to the rfdetr release they were
 checked against (`CHECKED_RFDETR`), since they rely on more of its behaviour than the targets' source.
 
-`python -m rfdetr_coco_pipeline.hooks` prints the speedups as the table of docs/speedups.md;
+`python -m rfdetr_coco_pipeline.hooks` prints the tables of docs/speedups.md;
 `python -m rfdetr_coco_pipeline.hooks --sources` prints the installed targets' source digests, to record after
 checking the hooks against a new release.
 """
@@ -113,6 +113,7 @@ SPEEDUPS: tuple[Speedup, ...] = (
         ("rfdetr.utilities.tensors:PackedTargets.to_list",),
         "a batch's targets reach the GPU in one copy per field, not one per field and image",
         "tests/test_targets_one_copy.py::test_one_copy_per_field_gives_rfdetrs_targets",
+        reads=("rfdetr.utilities.tensors:PackedTargets.__init__",),
     ),
     _patch(
         "matches_on_device",
@@ -125,7 +126,14 @@ SPEEDUPS: tuple[Speedup, ...] = (
         ("rfdetr.models.matcher:HungarianMatcher._match_many", f"{CRITERION}.num_boxes_for_targets"),
         "the batched matching and the loss's box count are queued on the GPU without reading anything back",
         "tests/test_matching_without_waiting.py::test_the_loss_and_the_matches_are_rfdetrs",
-        reads=("rfdetr.models.matcher:_SANITIZED_COST_MARGIN",),
+        reads=(
+            "rfdetr.models.matcher:_SANITIZED_COST_MARGIN",
+            "rfdetr.models.matcher:HungarianMatcher._compact_path_applicable",
+            "rfdetr.models.matcher:HungarianMatcher._sanitize_cost_matrix",
+            "rfdetr.models._assignment:_stack_padded",
+            "rfdetr.models._assignment:_assign_padded",
+            "torch_linear_assignment.assignment:_cuda_uses_triton",  # torch-hungarian, pinned by rfdetr
+        ),
     ),
     _patch(
         "target_counts_without_waiting",
@@ -146,6 +154,11 @@ SPEEDUPS: tuple[Speedup, ...] = (
         ("rfdetr.training.callbacks.ema:RFDETREMACallback._update_ema_for_step",),
         "the EMA update keeps its counter on the host instead of reading it from the GPU three times a step",
         "tests/test_ema_without_waiting.py::test_the_ema_weights_and_counter_equal_rfdetrs_over_many_steps",
+        reads=(
+            "rfdetr.training.callbacks.ema:RFDETREMACallback.__init__",
+            "rfdetr.training.callbacks.ema:RFDETREMACallback.on_fit_start",
+            "rfdetr.training.callbacks.ema:RFDETREMACallback._multi_avg_fn",
+        ),
     ),
     _patch(
         "lr_log_on_device",
@@ -176,12 +189,14 @@ SPEEDUPS: tuple[Speedup, ...] = (
         ("rfdetr.datasets.coco:_route_transforms", f"{DATA_MODULE}.on_after_batch_transfer"),
         "training images travel from the workers as uint8 and are normalised on the GPU, bit for bit",
         "tests/test_images_as_bytes.py::test_training_batches_travel_as_bytes_and_arrive_as_rfdetrs_floats",
+        reads=("rfdetr.datasets.transforms:Normalize.__init__",),
     ),
     _patch(
         "validation_images_as_bytes",
         ("rfdetr.datasets.coco:_route_transforms", f"{DATA_MODULE}.on_after_batch_transfer"),
         "validation images travel from the workers as uint8 and are normalised on the GPU, bit for bit",
         "tests/test_images_as_bytes.py::test_validation_batches_travel_as_bytes_and_arrive_as_rfdetrs_floats",
+        reads=("rfdetr.datasets.transforms:Normalize.__init__",),
     ),
     _patch(
         "deformable_sampling",
@@ -511,6 +526,13 @@ def markdown_table() -> str:
     for speedup in SPEEDUPS:
         replaces = "<br>".join(f"`{what}`" if speedup.kind == "patch" else what for what in speedup.replaces)
         rows.append(f"| `{speedup.name}` | {speedup.effect} | {replaces} | `{speedup.test}` |")
+    return "\n".join(rows)
+
+
+def hooks_table() -> str:
+    """The always-on hooks as docs/speedups.md shows them."""
+    rows = ["| hook | what it does | when its targets changed |", "| --- | --- | --- |"]
+    rows += [f"| `{hook.name}` | {hook.purpose} | {hook.fallback} |" for hook in HOOKS]
     return "\n".join(rows)
 
 

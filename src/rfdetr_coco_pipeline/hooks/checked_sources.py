@@ -1,17 +1,26 @@
-"""The source digests of the hooks' targets, as they were when the hooks were checked (`hooks.source_digest`):
-rfdetr 1.11.2 with pytorch-lightning 2.6.6. A target missing here has no source of its own (a constant) or is not
-rfdetr's or Lightning's; only its existence is checked. After checking the hooks against a new release, add the
-digests `python -m rfdetr_coco_pipeline.hooks --sources` prints beside these."""
+"""The source digests of the hooks' targets, as they were when the hooks were checked (`hooks.source_digest`): rfdetr
+1.11.2 with pytorch-lightning 2.6.6 and torch-hungarian 0.1.0rc0. A target missing here has no source of its own
+(a constant) or is torch's, which differs between builds; only its existence is checked. After checking the hooks
+against a new release, add the digests `python -m rfdetr_coco_pipeline.hooks --sources` prints beside these."""
 
 CHECKED: dict[str, tuple[str, ...]] = {
     "rfdetr.utilities.tensors:PackedTargets.to_list": ("f7d7ba77e68b",),
+    "rfdetr.utilities.tensors:PackedTargets.__init__": ("cb1443b3b99e",),
     "rfdetr.models._assignment:assign_many_bucketed": ("aca2785d9378",),
     "rfdetr.models.matcher:HungarianMatcher._match_many": ("5420f219e116",),
     "rfdetr.models.criterion:SetCriterion.num_boxes_for_targets": ("99504452f05c",),
+    "rfdetr.models.matcher:HungarianMatcher._compact_path_applicable": ("781fef484685",),
+    "rfdetr.models.matcher:HungarianMatcher._sanitize_cost_matrix": ("006966926f79",),
+    "rfdetr.models._assignment:_stack_padded": ("19b816694f37",),
+    "rfdetr.models._assignment:_assign_padded": ("443bf0452bac",),
+    "torch_linear_assignment.assignment:_cuda_uses_triton": ("97339780bf67",),
     "rfdetr.models.criterion:SetCriterion._get_batched_detection_losses": ("05fc865d8185",),
     "rfdetr.models.criterion:SetCriterion._get_matched_targets": ("ade0a3fca6b1",),
     "rfdetr.models.criterion:_MatchedTargets": ("ca265620a7f8",),
     "rfdetr.training.callbacks.ema:RFDETREMACallback._update_ema_for_step": ("f857810fe04e",),
+    "rfdetr.training.callbacks.ema:RFDETREMACallback.__init__": ("396d099d6712",),
+    "rfdetr.training.callbacks.ema:RFDETREMACallback.on_fit_start": ("1e5d43690f0d",),
+    "rfdetr.training.callbacks.ema:RFDETREMACallback._multi_avg_fn": ("99be4895beca",),
     "rfdetr.training.module_model:RFDETRModelModule._log_learning_rates": ("01447e301c4f",),
     "pytorch_lightning.trainer.connectors.logger_connector.result:_get_default_dtype": ("70bcb0ca6fc3",),
     "pytorch_lightning.trainer.connectors.logger_connector.result:_ResultCollection.metrics": ("253a052f55f9",),
@@ -19,6 +28,7 @@ CHECKED: dict[str, tuple[str, ...]] = {
     "rfdetr.training.module_data:_worker_init_fn": ("b886980483fc",),
     "rfdetr.datasets.coco:_route_transforms": ("c7fb8d132efe",),
     "rfdetr.training.module_data:RFDETRDataModule.on_after_batch_transfer": ("6574b625bd57",),
+    "rfdetr.datasets.transforms:Normalize.__init__": ("2e372149b2ee",),
     "rfdetr.models.ops.functions.ms_deform_attn_func:_bilinear_grid_sample": ("34c5635186d8",),
     "rfdetr.models.matcher:HungarianMatcher._compute_compact_detection_cost_matrix": ("954badbcd4cf",),
     "rfdetr.training.callbacks.coco_eval:COCOEvalCallback._convert_targets": ("f692fc7518a9",),

@@ -147,7 +147,9 @@ class SafetyFlags:
                 )
 
 
-def padded_problem(matcher: Any, outputs_list: list[dict[str, Any]], targets: list[dict[str, Any]], group_detr: int):
+def padded_problem(
+    matcher: Any, outputs_list: list[dict[str, Any]], targets: list[dict[str, Any]], group_detr: int
+) -> tuple[Any, ...] | None:
     """(sizes, queries, group width) when rfdetr's `_match_many` would solve these layers as one padded batch;
     None otherwise. Reads shapes, dtypes and devices only: the routing rules of `_match_many` and
     `_assignment.assign_many_bucketed`, less the safety gate."""
