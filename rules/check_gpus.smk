@@ -13,8 +13,6 @@ rule check_gpus:
         gpu=SETTINGS.recipe.gpus if checks_gpus(SETTINGS) else 0,
         mem_mb=SETTINGS.resources.download_mem_mb,
         runtime=10,
-    params:
-        checks=checks_gpus(SETTINGS),
     message:
         "Checking that the GPUs training needs are there (log: {log})"
     shell:

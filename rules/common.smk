@@ -54,7 +54,8 @@ BENCHMARKS = RESULTS / "benchmarks"
 TRAIN = PATHS.train
 EVAL = RESULTS / "eval"
 EXPORT = RESULTS / "export"
-GPU_CHECK = RESULTS / "preflight" / "gpus.json"
+# Beside the data it guards: once the data is there, a new results folder has no download to check before.
+GPU_CHECK = PATHS.data / "preflight" / "gpus.json"
 
 ARCHIVE_NAMES = [archive.name for archive in SETTINGS.archives]
 FOLDERS = [archive.folder for archive in SETTINGS.archives]
@@ -92,11 +93,16 @@ def archive_path(name):
 def download_after(wildcards):
     """The first archive is fetched once the GPUs are checked; each later one after the previous one is extracted
     (and deleted). ancient(): only the order matters; redoing an earlier step must not refetch the later ones.
+
+    Data extracted without a check (by an earlier release, or copied in) keeps its download's inputs as they were:
+    Snakemake reruns a job whose set of inputs changed.
     """
     index = ARCHIVE_NAMES.index(wildcards.archive)
-    if index == 0:
+    if index > 0:
+        return ancient(DATASET / FOLDERS[index - 1])
+    if GPU_CHECK.exists() or not (DATASET / FOLDERS[0]).exists():
         return ancient(GPU_CHECK)
-    return ancient(DATASET / FOLDERS[index - 1])
+    return []
 
 
 def block_outputs(block):

@@ -21,16 +21,18 @@ rule train_block:
         gpu=SETTINGS.recipe.gpus,
         mem_mb=train_mem_mb,
         runtime=train_runtime,
+    # Snakemake reruns a job whose params changed: these are the params of 0.4.0's rule, value for value, so that
+    # a run started then resumes. `start` and `state` say what the job reads from its settings.
     params:
         recipe=RECIPE,
         first=lambda w: BLOCKS[w.block][0] + 1,
+        start=lambda w: BLOCKS[w.block][0],
         end=lambda w: BLOCKS[w.block][1],
         previous=lambda w, input: (
-            f"--previous-block {Path(input.checkpoint).parent}"
-            if "checkpoint" in input.keys()
-            else ""
+            Path(input.checkpoint).parent if "checkpoint" in input.keys() else ""
         ),
         dataset=DATASET,
+        state=PATHS.state,
         outdir=lambda w: TRAIN / w.block,
     message:
         "Training epochs {params.first}-{params.end} ({wildcards.block}; log: {log.train})"
@@ -38,4 +40,4 @@ rule train_block:
         "stage.py --source {params.dataset:q} --report {output.stage:q} "
         "--workers {threads} 2>&1 | tee {log.stage:q} && "
         "train.py --block {wildcards.block} --stage-report {output.stage:q} "
-        "{params.previous} --outdir {params.outdir:q} --threads {threads} 2>&1 | tee {log.train:q}"
+        "--previous-block={params.previous:q} --outdir {params.outdir:q} --threads {threads} 2>&1 | tee {log.train:q}"

@@ -15,7 +15,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--block", required=True, help="block_01, block_02, ...")
     parser.add_argument("--stage-report", required=True, type=Path, help="stage.json: where the dataset is")
-    parser.add_argument("--previous-block", type=Path, help="the previous block's output folder")
+    parser.add_argument(
+        "--previous-block", type=lambda path: Path(path) if path else None, help="the previous block's output folder"
+    )
     parser.add_argument("--outdir", required=True, type=Path)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()

@@ -145,7 +145,7 @@ def test_an_invalid_value_is_named_with_where_it_was_set(tmp_path):
 
 def test_a_run_starts_by_saying_what_it_needs(tmp_path):
     write_config(tmp_path, base_config())
-    result = run_snakemake(tmp_path, "results/preflight/gpus.json", "--config", "preflight=false", timeout=120)
+    result = run_snakemake(tmp_path, "data/preflight/gpus.json", "--config", "preflight=false", timeout=120)
     assert result.returncode == 0, result.stdout[-3000:]
     summary = result.stdout[result.stdout.index("What this run needs:") :]
     needed = sum(a["extracted_bytes"] for a in base_config()["archives"].values()) + max(
@@ -155,7 +155,7 @@ def test_a_run_starts_by_saying_what_it_needs(tmp_path):
     assert f"{needed / 2**30:.2f} GiB more" in summary
     assert "RAM disk: " in summary and "GPU: none found here" in summary
     assert "time asked of a scheduler: 12.0 h for 4 training block(s)" in summary  # 4 x (30 + 15 x 10) min
-    assert json.loads((tmp_path / "results" / "preflight" / "gpus.json").read_text())["checked"] is False
+    assert json.loads((tmp_path / "data" / "preflight" / "gpus.json").read_text())["checked"] is False
 
 
 def test_no_export_formats_leave_out_the_export_stage_and_nothing_else(tmp_path):

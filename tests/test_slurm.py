@@ -150,7 +150,7 @@ def test_the_gpu_check_runs_through_sbatch_where_training_will_and_stops_the_run
     write_config(workdir, tiny_config(workdir, server.url, archives, device="cuda", epochs=1, gpus=2))
     before = set(slurm_jobs())
     result = run_with_profile(workdir, slurm_test_profile(tmp_path), timeout=300)
-    assert result.returncode != 0 and server.requests == [] and not (workdir / "data").exists()
+    assert result.returncode != 0 and server.requests == [] and not (workdir / "data" / "archives").exists()
     jobs = [job for job_id, job in slurm_jobs().items() if job_id not in before]
     assert jobs and all("rule_check_gpus" in job["Comment"] for job in jobs)  # the profile's retry submits it again
     for check in jobs:
