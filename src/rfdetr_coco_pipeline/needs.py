@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from rfdetr_coco_pipeline.blocks import run_blocks
 from rfdetr_coco_pipeline.common import StageError, size
 from rfdetr_coco_pipeline.settings import Settings
 from rfdetr_coco_pipeline.training.device import check_gpu_count, detect_device
+from rfdetr_coco_pipeline.versions import nvidia_smi_query
 
 CPU_RUN_CORES = 16  # a CPU run computes the model on the host: as many cores as the other CPU-heavy rules ask
 
@@ -40,20 +40,8 @@ def disk_needed(settings: Settings) -> int:
 
 
 def gpus_here() -> str:
-    """The NVIDIA GPUs of this machine as nvidia-smi lists them (asked without importing torch, which would add
-    seconds to every run's start)."""
-    if shutil.which("nvidia-smi") is None:
-        return "none found here"
-    try:
-        listed = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return "none found here"
-    gpus = [line.strip() for line in listed.stdout.splitlines() if line.strip()] if listed.returncode == 0 else []
+    """The NVIDIA GPUs of this machine, as nvidia-smi lists them."""
+    gpus = nvidia_smi_query("name,memory.total")
     if not gpus:
         return "none found here"
     return f"{len(gpus)} x {gpus[0]}" if len(set(gpus)) == 1 else ", ".join(gpus)

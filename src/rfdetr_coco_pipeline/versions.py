@@ -16,20 +16,26 @@ def package_version(name: str) -> str | None:
         return None
 
 
-def nvidia_driver() -> str | None:
-    """The driver version nvidia-smi reports, or None where there is no NVIDIA driver."""
+def nvidia_smi_query(fields: str) -> list[str]:
+    """nvidia-smi's answer to `--query-gpu=fields`, a line per GPU; empty where there is no NVIDIA driver. Asked
+    without importing torch, which takes seconds."""
     if shutil.which("nvidia-smi") is None:
-        return None
+        return []
     try:
         result = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            ["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"],
             capture_output=True,
             text=True,
             timeout=30,
         )
     except (OSError, subprocess.TimeoutExpired):
-        return None
-    return result.stdout.strip().splitlines()[0] if result.returncode == 0 and result.stdout.strip() else None
+        return []
+    return [line.strip() for line in result.stdout.splitlines() if line.strip()] if result.returncode == 0 else []
+
+
+def nvidia_driver() -> str | None:
+    """The driver version nvidia-smi reports, or None where there is no NVIDIA driver."""
+    return next(iter(nvidia_smi_query("driver_version")), None)
 
 
 def software_versions() -> dict[str, str | None]:
