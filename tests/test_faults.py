@@ -7,6 +7,7 @@ README.md's fault table names the test behind each row."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import socket
@@ -15,6 +16,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.helpers.archive_server import ArchiveServer
 from tests.helpers.tiny_coco import make_archives, md5
@@ -344,6 +346,45 @@ def test_a_second_invocation_in_the_same_folder_is_refused_while_the_first_runs(
 
 
 # ------------------------------------------------------------------------------------------ environment ----
+
+
+# A test-only fault, reaching rfdetr's Trainer as the workflow's own callbacks do (Lightning's callbacks_factory entry
+# point, from a distribution found on PYTHONPATH): the images of the second epoch's third step become NaN.
+NAN_FAULT = {
+    "nan_fault.py": (
+        "import pytorch_lightning as pl\n\n\n"
+        "class PoisonedStep(pl.Callback):\n"
+        "    def on_train_batch_start(self, trainer, module, batch, idx):\n"
+        "        images = getattr(batch[0], 'tensors', batch[0])\n"
+        "        if trainer.current_epoch == 1 and idx == 2:\n"
+        "            images.fill_(float('nan'))\n\n\n"
+        "def factory():\n"
+        "    return [PoisonedStep()]\n"
+    ),
+    "nan_fault-0.dist-info/METADATA": "Metadata-Version: 2.1\nName: nan-fault\nVersion: 0\n",
+    "nan_fault-0.dist-info/entry_points.txt": "[pytorch_lightning.callbacks_factory]\nnan_fault = nan_fault:factory\n",
+}
+
+
+def test_a_loss_that_is_no_longer_finite_stops_the_block_and_keeps_the_last_good_checkpoint(
+    workdir, server, archives, tmp_path
+):
+    site = tmp_path / "nan-fault"
+    for name, text in NAN_FAULT.items():
+        (site / name).parent.mkdir(parents=True, exist_ok=True)
+        (site / name).write_text(text)
+    write_config(workdir, tiny_config(workdir, server.url, archives, epochs=2, epochs_per_block=2))
+    failed = run_snakemake(workdir, BLOCK, env={"PYTHONPATH": str(site)})
+    assert failed.returncode != 0 and "Traceback" not in failed.stdout.split("train.py")[-1]
+    assert re.search(r"The training loss is no longer finite \(NaN or infinite\) at epoch 2, step \d+", failed.stdout)
+    assert "Try a lower train.lr" in failed.stdout
+    (last,) = (workdir / "results" / "train" / "state").glob("*/last.ckpt")
+    assert torch.load(last, map_location="cpu", weights_only=False)["epoch"] == 0  # epoch 1's, not overwritten
+    assert not (workdir / BLOCK).exists()
+    resumed = run_snakemake(workdir, BLOCK)  # the fault gone: the block resumes from the last good epoch
+    assert resumed.returncode == 0, resumed.stdout[-3000:]
+    log = (workdir / "results" / "logs" / "train" / "block_01.log").read_text()
+    assert "resuming the interrupted block" in log and "at epoch 2" in log
 
 
 def test_without_a_gpu_the_run_stops_before_the_first_download_unless_told_to_go_on(workdir, server, archives):

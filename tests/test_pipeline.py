@@ -443,6 +443,37 @@ def test_a_report_before_the_run_has_finished_is_refused_naming_a_missing_file(w
     assert re.search(r"File results/\S+ marked for report but does not exist", result.stdout)
 
 
+def test_a_damaged_in_progress_checkpoint_is_kept_aside_and_the_block_resumes_from_the_previous_blocks(
+    two_block_run, tmp_path, module_server, archives
+):
+    """`last.ckpt` cut to half its size, as a full disk or a node lost mid-write leaves it, after block 2 trained but
+    before its outputs were written: the next run keeps the damaged file aside, says so, and trains block 2 again
+    from block 1's checkpoint; every later run is unaffected by it."""
+    workdir = tmp_path / "run"
+    shutil.copytree(two_block_run[0], workdir, symlinks=True)
+    shutil.rmtree(workdir / "results" / "train" / "block_02")
+    write_config(workdir, tiny_config(workdir, module_server.url, archives, epochs=2, epochs_per_block=1))
+    state = workdir / json.loads((two_block_run[0] / "results/train/block_02/run.json").read_text())["state_dir"]
+    last = state / "last.ckpt"
+    cut = last.read_bytes()[: last.stat().st_size // 2]
+    last.write_bytes(cut)
+
+    result = run_snakemake(workdir)
+    assert result.returncode == 0, result.stdout[-5000:]
+    assert jobs_run(result.stdout).count("train_block") == 1  # block 2 only
+    (damaged,) = state.glob("last.damaged-*.ckpt")
+    assert damaged.read_bytes() == cut  # kept as it was found, for the user to look at
+    log = (workdir / "results" / "logs" / "train" / "block_02.log").read_text()
+    assert f"The in-progress checkpoint {last.relative_to(workdir)} does not load" in log
+    assert f"kept aside as {damaged.name}" in log and "resuming from the previous block's checkpoint" in log
+    run = json.loads((workdir / "results" / "train" / "block_02" / "run.json").read_text())
+    assert run["resumed_from"].endswith("block_01/checkpoint.ckpt")
+    checkpoint = torch.load(workdir / "results/train/block_02/checkpoint.ckpt", map_location="cpu", weights_only=False)
+    assert checkpoint["epoch"] == 1
+    again = run_snakemake(workdir)
+    assert again.returncode == 0 and jobs_run(again.stdout) == []
+
+
 def test_a_block_never_resumes_a_checkpoint_made_under_another_recipe(two_block_run, tmp_path, module_server, archives):
     # a copy of the module's run, with its second block to be trained again (block 1 stays as trained)
     workdir = tmp_path / "run"

@@ -15,7 +15,13 @@ from rfdetr_coco_pipeline.settings import GpuProfile, Recipe
 from rfdetr_coco_pipeline.training.device import Device
 from rfdetr_coco_pipeline.training.fp8 import batch_multiple, last_batch_off_the_rule
 from rfdetr_coco_pipeline.training.recipe import recipe_diff, recipe_id, run_recipe
-from rfdetr_coco_pipeline.training.resume import plan_resume, truncate_metrics
+from rfdetr_coco_pipeline.training.resume import (
+    ResumePlan,
+    in_progress_epoch,
+    plan_resume,
+    prepare_state,
+    truncate_metrics,
+)
 from rfdetr_coco_pipeline.training.rfdetr_call import (
     LOGGER_PACKAGES,
     check_loggers,
@@ -131,6 +137,20 @@ def test_a_block_resumes_from_the_newest_checkpoint_inside_it(
 def test_a_later_block_without_its_predecessor_is_an_error():
     with pytest.raises(StageError):
         plan_resume(LAST, None, None, 10, 20)
+
+
+def test_a_first_block_with_a_damaged_checkpoint_starts_afresh_and_keeps_the_damaged_file(tmp_path):
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "last.ckpt").write_bytes(b"PK\x03\x04 cut short")  # the start of a zip archive, and no more
+    (state / "metrics.csv").write_text("epoch,step\n0,4\n")
+    assert in_progress_epoch(state / "last.ckpt") is None
+    (damaged,) = state.glob("last.damaged-*.ckpt")
+    assert not (state / "last.ckpt").exists()
+    plan = plan_resume(state / "last.ckpt", None, None, 0, 10)
+    assert plan == ResumePlan(None, 0, "starting from scratch")
+    prepare_state(state, plan)
+    assert sorted(path.name for path in state.iterdir()) == [damaged.name]  # the earlier run's files go, it stays
 
 
 def test_metrics_rows_of_epochs_to_be_trained_again_are_dropped(tmp_path):

@@ -54,8 +54,10 @@ def where_this_runs() -> dict[str, str | None]:
 
 
 def write_json(path: str | os.PathLike[str], data: Any) -> None:
-    """Write JSON atomically: a reader never sees a half-written file, and a write that fails leaves the previous file
-    as it was and no temporary file beside it."""
+    """Write JSON atomically and durably: the bytes go to a temporary file in the target's own folder (so the rename
+    never crosses file systems), which is flushed to disk and renamed over the target, and the folder's entry is
+    flushed too. A reader never sees a half-written file, a crash leaves the old file or the new one, and a write
+    that fails leaves the previous file as it was and no temporary file beside it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -63,9 +65,21 @@ def write_json(path: str | os.PathLike[str], data: Any) -> None:
         with open(tmp, "w") as handle:
             json.dump(data, handle, indent=2, sort_keys=True)
             handle.write("\n")
+            handle.flush()
+            os.fsync(handle.fileno())
         os.replace(tmp, path)
+        sync_folder(path.parent)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def sync_folder(folder: Path) -> None:
+    """Flush a folder's entries to disk, so that a rename into it survives a crash."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def md5_of_file(path: str | os.PathLike[str]) -> hashlib._Hash:

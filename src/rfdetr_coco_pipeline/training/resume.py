@@ -2,8 +2,9 @@
 
 A run's state folder (`results/train/state/<recipe id>/`, rfdetr's `output_dir`) is not a Snakemake output, so a
 failed or killed job cannot delete it: rfdetr rewrites `last.ckpt` there every epoch and the next job resumes from
-it, losing at most the epoch in flight. At the end of a block its checkpoint, best weights, metrics and timings are
-copied into the block's output folder, which the next block (and the plot) reads.
+it, losing at most the epoch in flight. A damaged `last.ckpt` (a full disk, a node lost mid-write) is kept aside and
+the block resumes from the newest good checkpoint instead. At the end of a block its checkpoint, best weights,
+metrics and timings are copied into the block's output folder, which the next block (and the plot) reads.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import fcntl
 import json
 import os
 import shutil
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +24,7 @@ from rfdetr_coco_pipeline.common import StageError, log, read_json, write_json
 from rfdetr_coco_pipeline.training.recipe import recipe_diff
 
 STATE_FILES_KEPT = ("recipe.json", ".training.lock")  # what a fresh start leaves in the state folder
+DAMAGED = "last.damaged-*.ckpt"  # an in-progress checkpoint that did not load, kept aside for the user
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,31 @@ def checkpoint_epoch(path: Path) -> int:
     import torch
 
     return int(torch.load(path, map_location="cpu", weights_only=False, mmap=True)["epoch"])
+
+
+def in_progress_epoch(state_last: Path, set_aside: bool = True) -> int | None:
+    """The completed epoch of the state folder's in-progress checkpoint; None when there is none, or when it does
+    not load. A damaged one is renamed `last.damaged-<UTC time>.ckpt` (by the main rank, `set_aside`) and the log
+    says so: the block then resumes from the previous block's checkpoint, or from the start, losing the epochs it had
+    trained past that."""
+    if not state_last.is_file():
+        return None
+    try:
+        return checkpoint_epoch(state_last)
+    except Exception as error:  # a cut zip archive, a truncated pickle, a checkpoint without its epoch: all damage
+        if not set_aside:
+            return None
+        kept = state_last.with_name(f"last.damaged-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.ckpt")
+        os.replace(state_last, kept)
+        log.warning(
+            "The in-progress checkpoint %s does not load (%s: %s): kept aside as %s. The block resumes from the "
+            "newest good checkpoint instead, the previous block's or the start.",
+            state_last,
+            type(error).__name__,
+            str(error)[:200],
+            kept.name,
+        )
+        return None
 
 
 def plan_resume(state_last: Path, state_epoch: int | None, previous: Path | None, start: int, end: int) -> ResumePlan:
@@ -123,7 +151,7 @@ def prepare_state(state_dir: Path, plan: ResumePlan) -> None:
     of the epochs it trains again."""
     if plan.checkpoint is None:
         for stale in state_dir.glob("*"):
-            if stale.name not in STATE_FILES_KEPT:
+            if stale.name not in STATE_FILES_KEPT and not stale.match(DAMAGED):
                 stale.unlink() if stale.is_file() else shutil.rmtree(stale)
     truncate_metrics(state_dir / "metrics.csv", plan.next_epoch)
 

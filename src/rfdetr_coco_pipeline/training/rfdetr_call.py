@@ -23,6 +23,7 @@ from rfdetr_coco_pipeline.settings import Settings
 from rfdetr_coco_pipeline.training.callbacks import attached
 from rfdetr_coco_pipeline.training.callbacks.block_end import StopAtBlockEnd
 from rfdetr_coco_pipeline.training.callbacks.epoch_log import EpochLog
+from rfdetr_coco_pipeline.training.callbacks.finite_loss import StopOnNonFiniteLoss
 from rfdetr_coco_pipeline.training.fp8 import last_batch_off_the_rule
 from rfdetr_coco_pipeline.training.route import Route
 
@@ -190,7 +191,8 @@ def run_rfdetr(settings: Settings, route: Route, kwargs: dict[str, Any], end: in
     # reproducible too.
     pl.seed_everything(settings.recipe.seed, workers=True)
     model = RFDETRNano(pretrain_weights=None, compile=profile.compile, cuda_graphs=profile.cuda_graphs)
-    workflow_callbacks = [StopAtBlockEnd(end), EpochLog(Path(kwargs["output_dir"]) / "epochs.jsonl")]
+    epoch_log = EpochLog(Path(kwargs["output_dir"]) / "epochs.jsonl")
+    workflow_callbacks = [StopOnNonFiniteLoss(), StopAtBlockEnd(end), epoch_log]
     try:
         with (
             applied(route.speedups, settings.train) as speedup_callbacks,
