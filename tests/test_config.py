@@ -45,6 +45,8 @@ def edited(path: str, value) -> dict:
         ("stage.ramdsk", "/dev/shm", "stage.ramdsk: unknown key"),
         ("download.attempts", 2.5, "download.attempts: 2.5 is not of type 'integer'"),
         ("archives.val2017.md5", "nope", "archives.val2017.md5: 'nope' does not match"),
+        ("archives.val2017.folder", "..", "archives.val2017.folder: '..' does not match"),  # never outside data_dir
+        ("archives.val2017.folder", ".", "archives.val2017.folder: '.' does not match"),
         ("verify.expected_images.val2017", -1, "verify.expected_images.val2017: -1 is less than the minimum"),
     ],
 )
