@@ -1,15 +1,22 @@
-"""Two runs of the workflow on one machine, in two folders, at the same time: they share one RAM-disk copy of the same
-data, and neither removes it while the other trains from it."""
+"""Two runs of the workflow on one machine, in two folders, at the same time, of one user or two: they share one
+RAM-disk copy of the same data, and neither removes it while the other trains from it."""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import psutil
 import pytest
 
 from rfdetr_coco_pipeline.data.dataset import CopyUsers
+from rfdetr_coco_pipeline.data.stage import stage_dataset
 from tests.helpers.workflow import run_snakemake, start_snakemake, tiny_config, wait_for_job, write_config
 
 pytestmark = pytest.mark.slow
@@ -60,3 +67,48 @@ def test_two_runs_share_the_copy_of_their_data_and_neither_removes_it_under_the_
     assert not copy.exists()  # removed by the last run to finish with it
     first_log = (first / "results" / "logs" / "train" / "block_01.log").read_text()
     assert f"Removed the staged copy {copy}" in first_log
+
+
+SECOND_USER = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]  # not root, with its own umask
+
+
+def as_second_user(code: str) -> subprocess.CompletedProcess[str]:
+    command = [*SECOND_USER, sys.executable, "-c", f"import os; os.umask(0o022); {code}"]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd="/tmp")
+
+
+def test_a_second_user_on_the_node_reads_the_first_users_copy_and_neither_can_remove_it_under_the_other(
+    tiny_dataset,
+):
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("starting a process as a second user needs root and setpriv")
+    node = Path(tempfile.mkdtemp(prefix="shared-node-", dir="/tmp"))  # pytest's folders are root's alone
+    try:
+        os.chmod(node, 0o755)
+        dataset = node / "coco2017"
+        shutil.copytree(tiny_dataset, dataset)
+        subprocess.run(["chmod", "-R", "a+rX", str(dataset)], check=True)  # a data_dir both users read
+        ramdisk = node / "shm"
+        ramdisk.mkdir(mode=0o1777)
+        os.chmod(ramdisk, 0o1777)  # as /dev/shm: every user may write, each removes only their own files
+        first = stage_dataset(dataset, ramdisk, "rfdetr-coco2017", 0)  # root, umask 022: its lock files 0644 by default
+        assert first["where"] == "ramdisk"
+        reader = CopyUsers(Path(first["path"]))
+        reader.hold()  # the first user trains from it
+
+        second = as_second_user(
+            "import json; from pathlib import Path; from rfdetr_coco_pipeline.data.stage import stage_dataset; "
+            "from rfdetr_coco_pipeline.data.dataset import CopyUsers; "
+            f"report = stage_dataset(Path({str(dataset)!r}), Path({str(ramdisk)!r}), 'rfdetr-coco2017', 0); "
+            "copy = CopyUsers(Path(report['path'])) if report['where'] == 'ramdisk' else None; "
+            "copy and copy.hold(); "
+            "print(json.dumps({**report, 'removed': copy.remove_unless_used() if copy else None}))"
+        )
+        assert second.returncode == 0, second.stderr[-3000:]
+        report = json.loads(second.stdout.strip().splitlines()[-1])
+        assert (report["where"], report["path"]) == ("ramdisk", first["path"])  # the first user's copy, reused
+        assert report["removed"] is False and (Path(first["path"]) / ".staged.json").is_file()  # the first reads it
+        assert reader.remove_unless_used()  # the first user, done and alone, removes it
+        assert not Path(first["path"]).exists()
+    finally:
+        shutil.rmtree(node, ignore_errors=True)

@@ -37,43 +37,63 @@ def copy_name(subdir: str, source: Path, files: int, total_bytes: int, fingerpri
 
 
 class CopyUsers:
-    """The runs reading the RAM-disk copy `copy`: a shared POSIX lock on `<ramdisk>/.<copy name>.users` each."""
+    """The runs reading the RAM-disk copy `copy`: a shared POSIX lock on `<ramdisk>/.<copy name>.users` each. The
+    lock file is every user's (mode 0666 whatever the umask), as the RAM disk is."""
 
     def __init__(self, copy: Path) -> None:
         self.copy = copy
         self.path = copy.parent / f".{copy.name}.users"
         self.fd: int | None = None
 
+    def open(self) -> int:
+        """The lock file, for reading and writing where this user may; else for reading, which a shared lock needs
+        (an exclusive one then fails: such a user never removes the copy)."""
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        except PermissionError:
+            return os.open(self.path, os.O_RDONLY)
+        if os.fstat(fd).st_uid == os.geteuid():
+            os.fchmod(fd, 0o666)
+        return fd
+
     def hold(self) -> None:
         """Count this process among the copy's readers until it ends (blocks while a removal is under way)."""
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        self.fd = self.open()
         fcntl.lockf(self.fd, fcntl.LOCK_SH)
 
     def in_use_by_others(self) -> bool:
         """Whether another process holds the copy (this one may hold it too)."""
-        fd = self.fd if self.fd is not None else os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        fd = self.fd if self.fd is not None else self.open()
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # converts this process's own lock, if it holds one
+            used = False
         except OSError:
-            return True
+            used = True
         if self.fd is not None:
-            fcntl.lockf(fd, fcntl.LOCK_SH)  # back to a reader
+            fcntl.lockf(fd, fcntl.LOCK_SH)  # a reader again
         else:
             os.close(fd)
-        return False
+        return used
 
     def remove_unless_used(self) -> bool:
-        """Delete the copy if no other process reads it; True when it was deleted. This process stops reading it."""
-        fd = self.fd if self.fd is not None else os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        """Delete the copy if no other process reads it; True when it was deleted. This process stops reading it.
+        The marker goes first, so that a removal cut short never leaves a copy that looks complete."""
+        fd = self.fd if self.fd is not None else self.open()
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             log.info("Kept the staged copy %s: another run is training from it", self.copy)
+            os.close(fd)
+            self.fd = None
             return False
         try:
             if self.copy.exists():
+                (self.copy / MARKER).unlink(missing_ok=True)
                 shutil.rmtree(self.copy)
                 log.info("Removed the staged copy %s", self.copy)
+        except PermissionError as error:  # another user's copy, in a RAM disk where each removes only their own
+            log.info("Kept the staged copy %s: %s", self.copy, error.strerror)
+            return False
         finally:
             os.close(fd)  # drops the lock; the lock file stays, so a reader never locks a file that is gone
             self.fd = None

@@ -25,7 +25,7 @@ from typing import Any
 from filelock import FileLock
 from tqdm import tqdm
 
-from rfdetr_coco_pipeline.common import log, md5_of_file, read_json, size, where_this_runs, write_json
+from rfdetr_coco_pipeline.common import StageError, log, md5_of_file, read_json, size, where_this_runs, write_json
 from rfdetr_coco_pipeline.data.dataset import MARKER, CopyUsers, copy_name
 
 PAGE_BYTES = 4096  # tmpfs stores every file in whole pages
@@ -70,6 +70,14 @@ def fingerprint_of(sizes: dict[str, tuple[int, int]], digests: dict[str, str]) -
     return summary.hexdigest()
 
 
+def unreadable(error: OSError) -> None:
+    """A folder of the dataset this process cannot read: stop rather than fingerprint and stage part of it."""
+    raise StageError(
+        f"Cannot read {error.filename} ({error.strerror}) to stage the dataset: give this user read access to the "
+        "whole data_dir, or set stage.enabled: false to train from it as it is."
+    ) from error
+
+
 def manifest_of(folder: Path, workers: int = 8) -> tuple[Manifest, list[str]]:
     """File count, size and content fingerprint of `folder` (the marker file excluded), and its files as POSIX paths
     relative to it.
@@ -80,7 +88,7 @@ def manifest_of(folder: Path, workers: int = 8) -> tuple[Manifest, list[str]]:
     sizes: dict[str, tuple[int, int]] = {}
     hashing: dict[str, Future[str]] = {}
     with ThreadPoolExecutor(max(1, workers)) as pool:
-        for root, dirs, names in os.walk(folder):
+        for root, dirs, names in os.walk(folder, onerror=unreadable):
             dirs.sort(key=lambda name: name != ANNOTATIONS)  # COCO's JSONs hash while the image folders are walked
             relative_root = os.path.relpath(root, folder)
             prefix = "" if relative_root == "." else relative_root.replace(os.sep, "/") + "/"
@@ -168,7 +176,9 @@ def stage_dataset(
     name = copy_name(subdir, source, manifest.files, manifest.bytes, manifest.fingerprint)
     target = ramdisk / name
     report.update(files=manifest.files, bytes=manifest.bytes, copy=name)
-    with FileLock(str(ramdisk / f".{name}.lock")):  # one run stages a copy at a time; others wait, then reuse it
+    # One run stages a copy at a time; others wait, then reuse it. The lock file is every user's (mode 0666 whatever
+    # the umask), as the RAM disk is: a second user on the node waits for it like the first.
+    with FileLock(str(ramdisk / f".{name}.lock"), mode=0o666):
         if is_complete_copy(target, source, manifest):
             seconds = time.perf_counter() - start
             log.info(
