@@ -131,3 +131,18 @@ def test_fp8_without_transformer_engine_stops_before_training(workdir, server, a
     assert "asks for the FP8 route, which cannot run here" in result.stdout
     assert "Transformer Engine does not import" in result.stdout
     assert not (workdir / "results" / "train" / "block_01" / "checkpoint.ckpt").exists()
+
+
+def test_a_gpu_out_of_memory_ends_the_block_with_what_to_change(workdir, server, archives):
+    """A profile whose batch no GPU holds (4,096 images at 384 px): the job's last words say what happened and what
+    to change, not torch's traceback."""
+    config = tiny_config(
+        workdir, server.url, archives, device="cuda", epochs=1, resolution=384, profile="too-big", compile_warmup=False
+    )
+    too_big = {"name": "too-big", "auto": False, "batch_size": 4096, "precision": "bf16"}
+    config["gpu_profiles"].append({**too_big, "compile": False, "cuda_graphs": False})
+    write_gpu_config(workdir, config)
+    result = run_snakemake(workdir, "results/train/block_01/run.json")
+    assert result.returncode != 0
+    assert "The GPU ran out of memory" in result.stdout and "GPU profile 'too-big' (batch_size 4096" in result.stdout
+    assert "Pin a gpu_profiles row with a smaller batch_size" in result.stdout

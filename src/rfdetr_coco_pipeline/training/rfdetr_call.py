@@ -180,6 +180,7 @@ def run_rfdetr(settings: Settings, route: Route, kwargs: dict[str, Any], end: in
     """rfdetr's `train(**kwargs)` on `route`, with the workflow's callbacks and the route's speedups, stopping after
     epoch `end`; a SIGTERM (a scheduler, a user) becomes a clear error."""
     import pytorch_lightning as pl
+    import torch
     from pytorch_lightning.utilities.exceptions import SIGTERMException
     from rfdetr import RFDETRNano
 
@@ -205,6 +206,21 @@ def run_rfdetr(settings: Settings, route: Route, kwargs: dict[str, Any], end: in
         raise StageError(
             "Training was stopped by SIGTERM. The last completed epoch is saved; run snakemake again to resume."
         ) from stop
+    except torch.OutOfMemoryError as error:
+        raise StageError(out_of_memory_advice(route, str(error))) from error
+
+
+def out_of_memory_advice(route: Route, error: str) -> str:
+    """What a user reads when the GPU runs out of memory: what happened, and what to change."""
+    profile = route.profile
+    return (
+        f"The GPU ran out of memory ({error.splitlines()[0] if error else 'CUDA out of memory'}) training with the "
+        f"GPU profile {profile.name!r} (batch_size {profile.batch_size} per GPU, on {route.device.describe()}). "
+        "Pin a gpu_profiles row with a smaller batch_size (train.profile), or add a row of your own to "
+        "gpu_profiles in config.yaml; another process holding the GPU's memory has the same effect. The batch "
+        "size is part of the recipe: the run then starts anew and does not resume this one's checkpoints. The last "
+        "completed epoch of this run stays saved."
+    )
 
 
 def load_for_inference(weights: Path) -> Any:
