@@ -322,9 +322,10 @@ HOOKS: tuple[Hook, ...] = (
         "trainer_plugins",
         "rfdetr_coco_pipeline.hooks.trainer_plugins:trainer_plugins",
         BUILD_TRAINER,
-        "adds Lightning plugins to rfdetr's Trainer: the environment that lets Lightning start DDP ranks inside a "
-        "SLURM job",
-        "rfdetr's Trainer as built: inside a SLURM job Lightning then expects srun to have started one task per GPU",
+        "adds Lightning plugins to rfdetr's Trainer: checkpoints written durably, and the environment that lets "
+        "Lightning start DDP ranks inside a SLURM job",
+        "rfdetr's Trainer as built: Lightning's own checkpoint writer; inside a SLURM job Lightning expects srun to "
+        "have started one task per GPU",
     ),
 )
 

@@ -1,9 +1,9 @@
 """Add Lightning plugins to the Trainer that rfdetr's `train()` builds.
 
 rfdetr's `train()` takes no plugins; it looks up `rfdetr.training.build_trainer` when it is called, so wrapping that
-function inside a `with` block reaches its Trainer. The workflow adds Lightning's `LightningEnvironment` there when
-one job trains on several GPUs of its node: inside a SLURM job Lightning would otherwise expect `srun` to have
-started one task per GPU, and with it Lightning starts the other ranks itself.
+function inside a `with` block reaches its Trainer. The workflow adds its durable checkpoint writer there, and
+Lightning's `LightningEnvironment` when one job trains on several GPUs of its node
+(`training.rfdetr_call.trainer_plugins_for`).
 """
 
 from __future__ import annotations

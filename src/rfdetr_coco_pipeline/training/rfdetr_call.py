@@ -143,16 +143,18 @@ def set_host_threads(threads: int, device_kind: str, ranks: int = 1) -> None:
     log.info("Host threads of the training process: %d", torch.get_num_threads())
 
 
-def ddp_plugins(gpus: int) -> list[Any]:
-    """Inside a SLURM job Lightning expects `srun` to have started one task per GPU; a job of this workflow starts
-    one process, so for several GPUs of one node Lightning must start the other ranks itself."""
-    if gpus <= 1:
-        return []
+def trainer_plugins_for(gpus: int) -> list[Any]:
+    """The Lightning plugins the workflow adds to rfdetr's Trainer: checkpoints written durably
+    (`checkpoints.DurableCheckpointIO`), and for several GPUs of one node the environment in which Lightning starts
+    the other ranks itself (inside a SLURM job Lightning expects `srun` to have started one task per GPU; a job of
+    this workflow starts one process). None when the `trainer_plugins` hook is off."""
     from lightning_fabric.plugins.environments import LightningEnvironment
+
+    from rfdetr_coco_pipeline.training.checkpoints import DurableCheckpointIO
 
     if hook_off_reason("trainer_plugins"):
         return []
-    return [LightningEnvironment()]
+    return [DurableCheckpointIO(), *([LightningEnvironment()] if gpus > 1 else [])]
 
 
 def fp8_validation(settings: Settings, route: Route, kwargs: Mapping[str, Any]) -> Any:
@@ -194,12 +196,15 @@ def run_rfdetr(settings: Settings, route: Route, kwargs: dict[str, Any], end: in
     model = RFDETRNano(pretrain_weights=None, compile=profile.compile, cuda_graphs=profile.cuda_graphs)
     epoch_log = EpochLog(Path(kwargs["output_dir"]) / "epochs.jsonl")
     workflow_callbacks = [StopOnNonFiniteLoss(), StopAtBlockEnd(end), epoch_log]
+    # The always-on hooks pass the gate before any speedup is in place: a speedup that wraps one of their targets
+    # (checkpoints_in_background wraps build_trainer) must not read to the gate as a changed release.
+    plugins, odd_validation_batch = trainer_plugins_for(gpus), fp8_validation(settings, route, kwargs)
     try:
         with (
             applied(route.speedups, settings.train) as speedup_callbacks,
             attached([*workflow_callbacks, *speedup_callbacks]),
-            trainer_plugins(ddp_plugins(gpus)),
-            fp8_validation(settings, route, kwargs),
+            trainer_plugins(plugins),
+            odd_validation_batch,
         ):
             model.train(**kwargs)
     except SIGTERMException as stop:  # Lightning's SystemExit, which would otherwise exit with status 0

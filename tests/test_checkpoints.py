@@ -1,0 +1,56 @@
+"""Checkpoints written durably (training/checkpoints.py): on a real file system that fills up during the write, the
+previous checkpoint stays whole and loadable, nothing is left beside it, and the message says what to do; and the
+writer is the one rfdetr's Trainer gets, under the background writer too."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import pytest
+import torch
+
+from rfdetr_coco_pipeline.common import StageError
+from rfdetr_coco_pipeline.training.checkpoints import DurableCheckpointIO, write_durably
+
+
+def checkpoint(kib: int) -> dict:
+    return {"epoch": kib, "weights": torch.arange(kib * 256, dtype=torch.float32)}  # 4 bytes a value
+
+
+def test_a_disk_that_fills_during_the_write_keeps_the_previous_checkpoint_whole(small_tmpfs, monkeypatch):
+    results = small_tmpfs("results", "1m")  # a real tmpfs of 1 MiB: room for one checkpoint of 600 KiB, not two
+    monkeypatch.setenv("TMPDIR", str(small_tmpfs("tmp", "64m")))  # another file system, as a node's local /tmp
+    tempfile.tempdir = None  # read TMPDIR again
+    last = results / "last.ckpt"
+    write_durably(checkpoint(600), last)
+    before = last.read_bytes()
+    with pytest.raises(StageError) as full:
+        write_durably(checkpoint(610), last)
+    assert f"No space left on the file system of {results} while writing the checkpoint last.ckpt" in str(full.value)
+    assert "the previous checkpoint is kept" in str(full.value)
+    assert last.read_bytes() == before and torch.load(last, weights_only=False)["epoch"] == 600
+    assert sorted(os.listdir(results)) == ["last.ckpt"]  # no partial file left to fill the disk
+    tempfile.tempdir = None
+
+
+def test_the_durable_writer_is_the_one_rfdetrs_trainer_gets_also_under_the_background_writer(tiny_dataset, tmp_path):
+    import rfdetr.training
+    from rfdetr.config import RFDETRNanoConfig
+
+    from rfdetr_coco_pipeline.hooks.patches.checkpoints_in_background import (
+        HostSnapshotCheckpointIO,
+        checkpoints_in_background,
+    )
+    from rfdetr_coco_pipeline.hooks.trainer_plugins import trainer_plugins
+    from rfdetr_coco_pipeline.training.rfdetr_call import trainer_plugins_for
+    from tests.test_train import rfdetr_train_config
+
+    config = rfdetr_train_config(["csv"], tiny_dataset, tmp_path / "state" / "0123abcd")
+    with trainer_plugins(trainer_plugins_for(1)):
+        writer = rfdetr.training.build_trainer(config, RFDETRNanoConfig(), accelerator="cpu").strategy.checkpoint_io
+    assert isinstance(writer, DurableCheckpointIO)
+    plugins = trainer_plugins_for(1)  # as the train stage does: the gate first, then the speedups
+    with checkpoints_in_background(), trainer_plugins(plugins):
+        writer = rfdetr.training.build_trainer(config, RFDETRNanoConfig(), accelerator="cpu").strategy.checkpoint_io
+    assert isinstance(writer, HostSnapshotCheckpointIO) and isinstance(writer.checkpoint_io, DurableCheckpointIO)
