@@ -11,6 +11,7 @@ SOURCE = Path(workflow.basedir) / "src"
 sys.path.insert(0, str(SOURCE))
 from rfdetr_coco_pipeline.blocks import run_blocks
 from rfdetr_coco_pipeline.config_check import ConfigError
+from rfdetr_coco_pipeline.end_of_run import failure_summary, success_summary
 from rfdetr_coco_pipeline.export import missing_message, missing_modules
 from rfdetr_coco_pipeline.needs import checks_gpus, needs_summary, training_job_cores
 from rfdetr_coco_pipeline.settings import SETTINGS_ENV, load_settings
@@ -169,3 +170,11 @@ def final_targets():
 onstart:
     # Jobs are about to run (a dry run shows the jobs alone).
     print(needs_summary(SETTINGS), file=sys.stderr)
+
+
+onsuccess:
+    print(success_summary(SETTINGS), file=sys.stderr)
+
+
+onerror:
+    print(failure_summary(log), file=sys.stderr)

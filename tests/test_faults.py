@@ -394,6 +394,8 @@ def test_without_a_gpu_the_run_stops_before_the_first_download_unless_told_to_go
         refused.returncode != 0 and "No CUDA GPU is visible" in refused.stdout and "train.device: cpu" in refused.stdout
     )
     assert "--config preflight=false" in refused.stdout and jobs_run(refused.stdout) == []
+    assert "the step that failed: check_gpus; its log: results/logs/preflight/gpus.log" in refused.stdout
+    assert "then type the same command again" in refused.stdout
     assert server.requests == [] and not (workdir / "data" / "archives").exists()  # nothing fetched
     assert "No CUDA GPU is visible" in (workdir / "results" / "logs" / "preflight" / "gpus.log").read_text()
     # told to go on, the data stages run and keep their outputs; the training job stops with the same message

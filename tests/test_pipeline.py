@@ -94,6 +94,19 @@ def test_every_stage_leaves_its_outputs(two_block_run, tiny_dataset):
     assert "Data-loader workers: 0 per rank (2 cores for 1 rank(s), train.max_workers: 0)" in train_log
 
 
+def test_the_run_ends_by_saying_what_it_made_and_where(two_block_run):
+    workdir, result, _ = two_block_run
+    text = (workdir / "results" / "plots" / "summary.txt").read_text()
+    summary = json.loads(text[text.index("{") :])
+    evaluation = json.loads((workdir / "results" / "eval" / "metrics.json").read_text())
+    end = result.stdout[result.stdout.rindex("The workflow finished.") :]
+    best = f"best val mAP@50:95 {summary['best_map_50_95']:.3f} at epoch {summary['best_epoch']} (from 0"
+    assert f"Trained 2 epochs: {best}" in end and f"AP {evaluation['AP']:.3f}, AP50 {evaluation['AP50']:.3f}" in end
+    for product in ("train/block_02/best.pth", "export/model.onnx", "eval/metrics.json", "eval/per_class.csv", "plots"):
+        assert f"  results/{product}\n" in end, product
+    assert "snakemake --report report.html" in end and "tensorboard --logdir results/train/state" in end
+
+
 def test_metrics_have_train_and_val_rows_for_every_epoch_and_the_plots_are_pngs(two_block_run):
     workdir, _, _ = two_block_run
     metrics = pd.read_csv(workdir / "results" / "metrics.csv")
