@@ -154,6 +154,7 @@ def final_targets():
     return [
         *block_outputs(list(BLOCKS)[-1]).values(),
         str(RESULTS / "metrics.csv"),
+        str(RESULTS / "plots" / "training.png"),
         str(RESULTS / "plots" / "loss.png"),
         str(RESULTS / "plots" / "map.png"),
         str(RESULTS / "plots" / "summary.txt"),

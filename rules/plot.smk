@@ -7,6 +7,11 @@ rule plot_metrics:
         ),
     output:
         metrics=RESULTS / "metrics.csv",
+        training=report(
+            RESULTS / "plots" / "training.png",
+            caption="../report/training.rst",
+            category="Training",
+        ),
         loss=report(
             RESULTS / "plots" / "loss.png",
             caption="../report/loss.rst",
@@ -45,6 +50,6 @@ rule plot_metrics:
     message:
         "Plotting loss and mAP from {output.metrics}"
     shell:
-        "plot.py --blocks {params.blocks:q} --metrics {output.metrics:q} "
+        "plot.py --blocks {params.blocks:q} --metrics {output.metrics:q} --training-plot {output.training:q} "
         "--loss-plot {output.loss:q} --map-plot {output.map:q} --summary {output.summary:q} "
         "--epochs-page {output.epochs_page:q} --run-page {output.run_page:q} 2>&1 | tee {log:q}"

@@ -11,10 +11,11 @@ from rfdetr_coco_pipeline.plotting import PlotFiles, plot_run
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--blocks", required=True, nargs="+", type=Path, help="block output folders, in order")
-    for name in ("--metrics", "--loss-plot", "--map-plot", "--summary", "--epochs-page", "--run-page"):
+    outputs = ("--metrics", "--training-plot", "--loss-plot", "--map-plot", "--summary", "--epochs-page", "--run-page")
+    for name in outputs:
         parser.add_argument(name, required=True, type=Path)
     args = parser.parse_args()
-    files = PlotFiles(args.metrics, args.loss_plot, args.map_plot, args.summary, args.epochs_page, args.run_page)
+    files = PlotFiles(*(getattr(args, name.removeprefix("--").replace("-", "_")) for name in outputs))
     plot_run(args.blocks, files)
 
 

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from tests.helpers.archive_server import ArchiveServer
+from tests.helpers.figures import drawn, lines_labelled
 from tests.helpers.tiny_coco import make_archives, md5
 from tests.helpers.workflow import (
     dry_run_jobs,
@@ -308,6 +309,10 @@ def test_sigkill_of_snakemake_mid_training_resumes_from_the_last_epoch(workdir, 
     assert all(gets(server, a) == 1 for a in ("annotations_trainval2017", "val2017", "train2017"))
     log = (workdir / "results" / "logs" / "train" / "block_01.log").read_text()
     assert "resuming the interrupted block" in log and "at epoch 2" in log
+    # the figure of the block resumed mid-way: each step once, in order, over both epochs
+    axes, records = drawn(workdir, ["block_01"])
+    steps = lines_labelled(axes["Training loss per step"])["each step"].get_xdata()
+    assert [r["epoch"] for r in records] == [0, 1] and list(steps) == sorted(set(steps)) and max(steps) == 2
     records = [json.loads(line) for line in (checkpoint.parent / "epochs.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in records] == [0, 1]  # epoch 1 was not trained again
     epochs = json.loads((workdir / "results" / "train" / "block_01" / "epochs.json").read_text())
@@ -385,6 +390,10 @@ def test_a_loss_that_is_no_longer_finite_stops_the_block_and_keeps_the_last_good
     assert resumed.returncode == 0, resumed.stdout[-3000:]
     log = (workdir / "results" / "logs" / "train" / "block_01.log").read_text()
     assert "resuming the interrupted block" in log and "at epoch 2" in log
+    # the figure of the block resumed mid-way: each step once, in order, over both epochs
+    axes, records = drawn(workdir, ["block_01"])
+    steps = lines_labelled(axes["Training loss per step"])["each step"].get_xdata()
+    assert [r["epoch"] for r in records] == [0, 1] and list(steps) == sorted(set(steps)) and max(steps) == 2
 
 
 def test_without_a_gpu_the_run_stops_before_the_first_download_unless_told_to_go_on(workdir, server, archives):

@@ -21,6 +21,7 @@ from PIL import Image
 
 from rfdetr_coco_pipeline.hooks import NAMES
 from tests.helpers.archive_server import ArchiveServer
+from tests.helpers.figures import block_starts, drawn, lines_labelled
 from tests.helpers.workflow import (
     REPO,
     jobs_run,
@@ -105,6 +106,41 @@ def test_the_run_ends_by_saying_what_it_made_and_where(two_block_run):
     for product in ("train/block_02/best.pth", "export/model.onnx", "eval/metrics.json", "eval/per_class.csv", "plots"):
         assert f"  results/{product}\n" in end, product
     assert "snakemake --report report.html" in end and "tensorboard --logdir results/train/state" in end
+
+
+def test_the_training_figure_shows_every_step_each_epoch_and_where_a_block_began(two_block_run):
+    workdir = two_block_run[0]
+    assert (workdir / "results" / "plots" / "training.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    axes, records = drawn(workdir, ["block_01", "block_02"])
+    assert set(axes) == {
+        "Training loss per step",
+        "Learning rate per step",
+        "Loss: classification",
+        "Loss: box L1",
+        "Loss: box GIoU",
+        "Validation mAP per epoch",
+        "Images/s and peak GPU memory per epoch",
+    }
+    loss = lines_labelled(axes["Training loss per step"])
+    steps = [value for record in records for value in record["loss"]]
+    assert list(loss["each step"].get_ydata()) == steps and len(loss["smoothed"].get_ydata()) == len(steps)
+    assert max(loss["each step"].get_xdata()) == 2  # the second epoch's last step ends it
+    rates = lines_labelled(axes["Learning rate per step"])["learning rate"]
+    assert list(rates.get_ydata()) == [lr for record in records for lr in record["lr"]]
+    for title, axis in axes.items():
+        labels = [label.get_text() for label in axis.get_xticklabels()]
+        assert labels and all(label.isdigit() for label in labels), (title, labels)  # whole epochs only
+        assert block_starts(axis) == [1], title  # block 2 began after the first epoch
+    curves = lines_labelled(axes["Validation mAP per epoch"])
+    assert set(curves) == {f"mAP@{k}{ema}" for k in ("50:95", "50", "75") for ema in ("", ", EMA")}
+    assert all(list(curve.get_xdata()) == [1, 2] for curve in curves.values())
+
+
+def test_the_training_figure_of_one_epoch_reads_as_well(two_block_run):
+    axes, records = drawn(two_block_run[0], ["block_01"])
+    assert len(records) == 1 and all(block_starts(axis) == [] for axis in axes.values())
+    loss = axes["Training loss per step"]
+    assert loss.get_xlim() == (0, 1) and [label.get_text() for label in loss.get_xticklabels()] == ["0", "1"]
 
 
 def test_metrics_have_train_and_val_rows_for_every_epoch_and_the_plots_are_pngs(two_block_run):

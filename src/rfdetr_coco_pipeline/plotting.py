@@ -1,4 +1,5 @@
-"""Join the blocks' metrics into one metrics.csv, plot loss and mAP (rfdetr's own plotting helpers), write a short
+"""Join the blocks' metrics into one metrics.csv, draw the run's training figure (`training_figure`) and rfdetr's own
+loss and mAP plots (kept for parity with the reference notebook), write a short
 text summary (best mAP, its epoch, training images/s), and the report's pages: the per-epoch table and the run's GPU
 profile, speedups and software versions. Epochs count from 0 everywhere, as in rfdetr's metrics.csv."""
 
@@ -19,6 +20,7 @@ from matplotlib import pyplot as plt  # noqa: E402
 
 from rfdetr_coco_pipeline.common import log, read_json  # noqa: E402
 from rfdetr_coco_pipeline.report_pages import key_values, table, write_page  # noqa: E402
+from rfdetr_coco_pipeline.training_figure import training_figure  # noqa: E402
 
 MAP_COLUMN = "val/mAP_50_95"  # follows the EMA model when EMA is on (rfdetr's default)
 
@@ -125,6 +127,7 @@ def write_report_pages(
 @dataclass(frozen=True)
 class PlotFiles:
     metrics: Path
+    training_plot: Path
     loss_plot: Path
     map_plot: Path
     summary: Path
@@ -142,6 +145,8 @@ def plot_run(blocks: Sequence[Path], files: PlotFiles) -> None:
     for plot, output in ((plot_loss_metrics, files.loss_plot), (plot_map_metrics, files.map_plot)):
         plt.close(plot(str(files.metrics), output_path=str(output)))
     records = [record for block in blocks for record in read_json(block / "epochs.json")]
+    ranges = [tuple(read_json(block / "run.json")["epochs"]) for block in blocks]
+    training_figure(metrics, records, ranges).savefig(files.training_plot, dpi=100)
     run = read_json(blocks[-1] / "run.json")
     summary = summarize(metrics, records, run)
     files.summary.write_text(summary_text(summary) + json.dumps(summary, indent=2) + "\n")
