@@ -19,9 +19,11 @@ include: "rules/train.smk"
 include: "rules/plot.smk"
 include: "rules/evaluate.smk"
 include: "rules/export.smk"
+include: "rules/report.smk"
 
 
-report: "report/workflow.rst"
+# The report opens on the finished run's headline; on the workflow's description before.
+report: str(FRONT_PAGE.absolute()) if FRONT_PAGE.exists() else "report/workflow.rst"
 
 
 rule all:

@@ -57,6 +57,8 @@ EVAL = RESULTS / "eval"
 EXPORT = RESULTS / "export"
 # Beside the data it guards: once the data is there, a new results folder has no download to check before.
 GPU_CHECK = PATHS.data / "preflight" / "gpus.json"
+# The report's first page once the run has finished (the Snakefile's report: directive), its description before.
+FRONT_PAGE = RESULTS / "report" / "front.rst"
 
 ARCHIVE_NAMES = [archive.name for archive in SETTINGS.archives]
 FOLDERS = [archive.folder for archive in SETTINGS.archives]
@@ -160,6 +162,7 @@ def final_targets():
         str(RESULTS / "plots" / "summary.txt"),
         str(RESULTS / "report" / "epochs.html"),
         str(RESULTS / "report" / "run.html"),
+        str(FRONT_PAGE),
         str(EVAL / "metrics.json"),
         str(EVAL / "metrics.html"),
         str(EVAL / "per_class.csv"),

@@ -86,7 +86,8 @@ def test_every_stage_leaves_its_outputs(two_block_run, tiny_dataset):
     # logs and benchmarks per rule
     for rule_log in ("download/train2017.log", "extract/val2017.log", "verify/dataset.log", "train/block_02.log"):
         assert (workdir / "results" / "logs" / rule_log).stat().st_size > 0
-    assert len(list((workdir / "results" / "benchmarks").rglob("*.tsv"))) == 13  # 10 + check_gpus + evaluate + export
+    # 10 + check_gpus + evaluate + export + front_page
+    assert len(list((workdir / "results" / "benchmarks").rglob("*.tsv"))) == 14
     train_log = (workdir / "results" / "logs" / "train" / "block_01.log").read_text()
     assert "loads NO DINOv2 backbone weights" in train_log
     # train.host_threads applies to GPU runs; this CPU run computes the model on the host with torch's default
@@ -433,7 +434,15 @@ def test_the_report_shows_the_epochs_the_evaluation_the_run_and_the_figures_in_a
         browser.switch_to.default_content()
         return f"{rows} rows\n{text}"
 
+    def front_page() -> tuple[str, int]:
+        browser.get((tmp_path / "report.html").as_uri())
+        text = wait_for(lambda: "Best validation" in browser.find_element(By.TAG_NAME, "body").text and browser)
+        text = browser.find_element(By.TAG_NAME, "body").text
+        browser.save_screenshot(str(tmp_path / "front.png"))
+        return text, wait_for(figure_width)
+
     try:
+        first_page, first_figure = front_page()
         widths = {}
         for category, name in [
             ("Training", "results/plots/loss.png"),
@@ -451,6 +460,17 @@ def test_the_report_shows_the_epochs_the_evaluation_the_run_and_the_figures_in_a
     finally:
         browser.quit()
     assert all(width > 200 for width in widths.values()), widths
+    # the first page opens on the answer: the headline as summary.txt and metrics.json have it, and the figure
+    text = (workdir / "results" / "plots" / "summary.txt").read_text()
+    summary = json.loads(text[text.index("{") :])
+    coco = json.loads((workdir / "results" / "eval" / "metrics.json").read_text())
+    headline = f"Best validation mAP@50:95: {summary['best_map_50_95']:.3f} at epoch {summary['best_epoch']}"
+    assert headline in first_page and f"Trained {summary['epochs_trained']} epochs" in first_page
+    assert f"(GPU profile {summary['gpu_profile']})" in first_page
+    shown = [f"{coco[key]:.3f}" if coco[key] >= 0 else "–" for key in ("AP", "AP50", "AP75", "AP_small")]
+    assert "AP AP50 AP75 AP small" in first_page.replace("\n", " ")
+    assert " ".join(shown) in first_page.replace("\n", " "), first_page
+    assert first_figure > 1000  # the training figure, at its full width
     assert epochs.startswith("2 rows") and "val mAP@50:95" in epochs and "images/s" in epochs
     assert "AP50" in evaluation and "AR100" in evaluation and "AP@50:95 per category" in evaluation
     versions = json.loads((workdir / "results" / "train" / "block_02" / "run.json").read_text())["versions"]

@@ -4,6 +4,7 @@ but offers CSV and JSON files only as downloads)."""
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -16,10 +17,22 @@ STYLE = (
 )
 
 
+def decimals(column: str) -> int:
+    """How many decimals a number of this column shows: COCO's three for AP, AR and mAP, one for seconds and rates
+    (and anything else), three for losses."""
+    words = re.split(r"[^a-z0-9]+", column.lower())
+    return 3 if any(word.startswith(("ap", "ar", "map")) or word == "loss" for word in words) else 1
+
+
 def table(rows: Sequence[Mapping[str, Any]] | pd.DataFrame) -> str:
-    """An HTML table (pandas' `to_html`), floats with 4 decimals."""
+    """An HTML table (pandas' `to_html`), each float column with its column's decimals (`decimals`)."""
     frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows))
-    return frame.to_html(index=False, float_format="{:.4f}".format, na_rep="", border=0)
+    formatters = {
+        column: f"{{:.{decimals(str(column))}f}}".format
+        for column in frame.columns
+        if pd.api.types.is_float_dtype(frame[column])
+    }
+    return frame.to_html(index=False, formatters=formatters, na_rep="", border=0)
 
 
 def key_values(values: Mapping[str, Any]) -> str:
