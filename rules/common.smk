@@ -2,6 +2,7 @@
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
@@ -11,10 +12,11 @@ SOURCE = Path(workflow.basedir) / "src"
 sys.path.insert(0, str(SOURCE))
 from rfdetr_coco_pipeline.blocks import run_blocks
 from rfdetr_coco_pipeline.config_check import ConfigError
+from rfdetr_coco_pipeline.data.download import checked_md5
 from rfdetr_coco_pipeline.end_of_run import failure_summary, success_summary
 from rfdetr_coco_pipeline.export import missing_message, missing_modules
 from rfdetr_coco_pipeline.needs import checks_gpus, needs_summary, training_job_cores
-from rfdetr_coco_pipeline.settings import SETTINGS_ENV, load_settings
+from rfdetr_coco_pipeline.settings import RUN_STARTED_ENV, SETTINGS_ENV, load_settings
 
 try:
     SETTINGS = load_settings(
@@ -46,6 +48,7 @@ os.environ.update(
     ),
 )
 os.environ[SETTINGS_ENV] = SETTINGS.model_dump_json()
+os.environ.setdefault(RUN_STARTED_ENV, str(time.time()))
 
 PATHS = SETTINGS.paths
 DATASET = PATHS.dataset
@@ -91,6 +94,19 @@ def runs_here(rule_name):
 
 def archive_path(name):
     return str(PATHS.archives / f"{name}.zip")
+
+
+# An archive in data_dir that no download of this workflow wrote was placed there by hand: the download rule does
+# not make it, so Snakemake never deletes it, and extraction checks its MD5 before using it.
+PLACED_BY_HAND = [
+    name
+    for name in ARCHIVE_NAMES
+    if Path(archive_path(name)).is_file()
+    and checked_md5(Path(archive_path(name))) is None
+]
+DOWNLOADED_ARCHIVES = (
+    "|".join(n for n in ARCHIVE_NAMES if n not in PLACED_BY_HAND) or "(?!)"
+)
 
 
 def download_after(wildcards):

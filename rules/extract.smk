@@ -2,7 +2,9 @@ rule extract_archive:
     input:
         lambda w: archive_path(ARCHIVE_NAMES[FOLDERS.index(w.folder)]),
     output:
-        directory(DATASET / "{folder}"),
+        # update: Snakemake leaves a folder that appeared since the run began (another run sharing data_dir
+        # extracted it) for the job, which uses it instead of extracting again
+        update(directory(DATASET / "{folder}")),
     log:
         LOGS / "extract" / "{folder}.log",
     benchmark:

@@ -5,7 +5,8 @@ import argparse
 from pathlib import Path
 
 from rfdetr_coco_pipeline.common import run_stage
-from rfdetr_coco_pipeline.data.extract import extract
+from rfdetr_coco_pipeline.data.extract import extract_archive
+from rfdetr_coco_pipeline.settings import job_settings
 
 
 def main() -> None:
@@ -14,7 +15,7 @@ def main() -> None:
     parser.add_argument("--output", required=True, type=Path, help="the folder the archive holds, e.g. .../val2017")
     parser.add_argument("--workers", type=int, default=1)
     args = parser.parse_args()
-    extract(args.archive, args.output.parent, args.output.name, max(1, args.workers))
+    extract_archive(job_settings(), args.archive, args.output, max(1, args.workers))
 
 
 if __name__ == "__main__":

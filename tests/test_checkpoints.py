@@ -1,6 +1,7 @@
 """Checkpoints written durably (training/checkpoints.py): on a real file system that fills up during the write, the
 previous checkpoint stays whole and loadable, nothing is left beside it, and the message says what to do; and the
-writer is the one rfdetr's Trainer gets, under the background writer too."""
+writer is the one rfdetr's Trainer gets, under the background writer too; the checkpoint a write replaces is kept,
+and a damaged last.ckpt resumes from it."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 
 from rfdetr_coco_pipeline.common import StageError
 from rfdetr_coco_pipeline.training.checkpoints import DurableCheckpointIO, write_durably
+from rfdetr_coco_pipeline.training.resume import newest_state_checkpoint, plan_resume
 
 
 def checkpoint(kib: int) -> dict:
@@ -32,6 +34,28 @@ def test_a_disk_that_fills_during_the_write_keeps_the_previous_checkpoint_whole(
     assert last.read_bytes() == before and torch.load(last, weights_only=False)["epoch"] == 600
     assert sorted(os.listdir(results)) == ["last.ckpt"]  # no partial file left to fill the disk
     tempfile.tempdir = None
+
+
+def test_a_damaged_last_checkpoint_resumes_from_the_one_it_replaced_losing_one_epoch(tmp_path):
+    state = tmp_path / "state"
+    last, previous = state / "last.ckpt", state / "previous.ckpt"
+    write_durably(checkpoint(3), last)  # the end of epoch 3 (0-based)
+    assert not previous.exists()
+    write_durably(checkpoint(4), last)
+    assert torch.load(previous, weights_only=False)["epoch"] == 3 and torch.load(last, weights_only=False)["epoch"] == 4
+    assert previous.stat().st_ino != last.stat().st_ino  # two files, not two names of one
+    assert newest_state_checkpoint(state) == (last, 4)
+    cut = last.read_bytes()[: last.stat().st_size // 2]
+    last.write_bytes(cut)  # damaged after it was written: a disk error, a file cut by hand
+    assert newest_state_checkpoint(state) == (previous, 3)
+    (damaged,) = state.glob("last.damaged-*.ckpt")
+    assert damaged.read_bytes() == cut
+    plan = plan_resume(previous, 3, None, 0, 10)
+    assert (plan.checkpoint, plan.next_epoch) == (previous, 4)  # epoch 5 (1-based) is trained again, no more
+    # neither loads: the block falls back to the previous block's checkpoint or the start
+    previous.write_bytes(b"PK\x03\x04 cut short")
+    assert newest_state_checkpoint(state) == (last, None)
+    assert len(list(state.glob("*.damaged-*.ckpt"))) == 2
 
 
 def test_the_durable_writer_is_the_one_rfdetrs_trainer_gets_also_under_the_background_writer(tiny_dataset, tmp_path):

@@ -6,7 +6,9 @@ README.md's fault table names the test behind each row."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import shutil
 import signal
@@ -40,6 +42,14 @@ BLOCK = "results/train/block_01/run.json"  # the first block's outputs (and ever
 
 def gets(server: ArchiveServer, archive: str) -> int:
     return len(server.gets(f"{archive}.zip"))
+
+
+def assert_nothing_trained(workdir: Path) -> None:
+    """No step was trained: no checkpoint, no epoch record and no block output anywhere under results/train."""
+    train = workdir / "results" / "train"
+    made = [p.relative_to(train) for p in train.rglob("*") if p.is_file()] if train.exists() else []
+    assert not [p for p in made if p.suffix in (".ckpt", ".pth") or p.name in ("epochs.jsonl", "metrics.csv")], made
+    assert not (train / "block_01").exists() or not any((train / "block_01").iterdir()), made
 
 
 # ------------------------------------------------------------------------------------------------ network ----
@@ -121,6 +131,25 @@ def test_http_errors_stop_with_a_clear_message_after_bounded_retries(workdir, se
     assert gets(server, "annotations_trainval2017") == 1
 
 
+def test_a_server_error_answering_the_get_is_retried_and_the_tries_are_counted(workdir, server):
+    """The HEAD succeeds and the GETs fail (a busy server): each failed GET is a try; two fail, the third completes."""
+    server.faults.once["val2017.zip"] = ["503", "503"]
+    result = run_snakemake(workdir, VERIFIED)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert [r.status for r in server.gets("val2017.zip")] == [503, 503, 200]
+    log = (workdir / "results" / "logs" / "download" / "val2017.log").read_text()
+    assert "Try 1 of 3 failed" in log and "Try 2 of 3 failed" in log and "HTTP 503" in log
+
+
+def test_a_server_error_on_every_get_stops_after_the_configured_tries(workdir, server):
+    server.faults.once["val2017.zip"] = ["503"] * 3
+    failed = run_snakemake(workdir, VERIFIED)
+    assert failed.returncode != 0 and "Download failed after 3 tries" in failed.stdout and "HTTP 503" in failed.stdout
+    assert [r.status for r in server.gets("val2017.zip")] == [503, 503, 503]  # 3 tries: download.attempts
+    result = run_snakemake(workdir, VERIFIED)  # the server is well again
+    assert result.returncode == 0, result.stdout[-3000:]
+
+
 # ------------------------------------------------------------------------------------------ disk and data ----
 
 
@@ -133,7 +162,7 @@ def test_not_enough_disk_is_refused_before_anything_is_fetched(tmp_path, server,
     failed = run_snakemake(tmp_path, VERIFIED)
     assert failed.returncode != 0 and "Not enough free disk" in failed.stdout and "but only" in failed.stdout
     assert [r for r in server.requests if r.method == "GET"] == []
-    assert not list(disk.rglob("*.zip*"))  # neither an archive nor a partial one
+    assert not [p for p in disk.rglob("*.zip*") if not p.name.endswith(".lock")]  # neither an archive nor a part
 
 
 def serve_variant(tmp_path: Path, tiny_dataset: Path, change) -> tuple[ArchiveServer, dict]:
@@ -350,6 +379,35 @@ def test_a_second_invocation_in_the_same_folder_is_refused_while_the_first_runs(
     assert gets(server, "train2017") == 1
 
 
+def test_a_second_training_process_on_the_same_run_is_refused_and_leaves_the_first_alone(workdir, server, archives):
+    """Snakemake dies alone and its training job lives on (a lost login node, a SLURM job that keeps running); after
+    --unlock the same command starts a second training process on the same run, which stops at once, naming the
+    state folder, without touching the first one's checkpoint or records."""
+    write_config(workdir, tiny_config(workdir, server.url, archives, epochs=2, epochs_per_block=2))
+    snakemake = start_snakemake(workdir, BLOCK)
+    try:
+        checkpoint = wait_for_file(snakemake, "*/last.ckpt", workdir / "results" / "train" / "state")
+        trainer = wait_for_job(snakemake, "scripts/train.py")
+        trainer.suspend()  # mid-block, holding its state
+        os.kill(snakemake.pid, signal.SIGKILL)  # snakemake only: the job is left running
+        snakemake.wait()
+        records = checkpoint.parent / "epochs.jsonl"
+        before = (checkpoint.read_bytes(), records.read_bytes())
+        assert run_snakemake(workdir, "--unlock").returncode == 0
+        second = run_snakemake(workdir, BLOCK)
+        assert trainer.is_running()
+        assert second.returncode != 0
+        in_use = f"Another training process is using {checkpoint.parent.relative_to(workdir)}"
+        assert in_use in " ".join(second.stdout.split()), second.stdout[-6000:]
+        logs = "results/logs/train/block_01.stage.log, results/logs/train/block_01.log"
+        assert f"the step that failed: train_block; its logs: {logs}" in second.stdout  # both of the job's logs
+        assert (checkpoint.read_bytes(), records.read_bytes()) == before
+        assert not list(checkpoint.parent.glob("last.damaged-*"))
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # the job left running, and its shell
+            kill_group(snakemake)
+
+
 # ------------------------------------------------------------------------------------------ environment ----
 
 
@@ -410,7 +468,7 @@ def test_without_a_gpu_the_run_stops_before_the_first_download_unless_told_to_go
     # told to go on, the data stages run and keep their outputs; the training job stops with the same message
     failed = run_snakemake(workdir, "--config", "preflight=false")
     assert failed.returncode != 0 and "No CUDA GPU is visible" in failed.stdout
-    assert not (workdir / "results" / "train" / "block_01" / "checkpoint.ckpt").exists()
+    assert_nothing_trained(workdir)
     assert (workdir / VERIFIED).is_file()
 
 
@@ -430,4 +488,4 @@ def test_fp8_without_transformer_engine_stops_before_training(workdir, server, a
     failed = run_snakemake(workdir)
     assert failed.returncode != 0 and "asks for the FP8 route, which cannot run here" in failed.stdout
     assert "Transformer Engine does not import" in failed.stdout and "fp8_fallback: bf16" in failed.stdout
-    assert not (workdir / "results" / "train" / "block_01" / "checkpoint.ckpt").exists()
+    assert_nothing_trained(workdir)

@@ -403,7 +403,8 @@ def test_tensorboard_shows_the_epochs_of_all_blocks_as_one_run(two_block_run):
 
 
 def test_the_report_shows_the_epochs_the_evaluation_the_run_and_the_figures_in_a_browser(two_block_run, tmp_path):
-    """`snakemake --report`, opened in a real headless Chromium: each page and figure shown as a person clicks it."""
+    """`snakemake --report`, opened in a real headless Chromium: each page and figure shown as a person clicks it,
+    from the menu and from the first page's links."""
     from selenium.webdriver.common.by import By
 
     from tests.helpers.browser import headless_chromium, install_chromium, wait_for
@@ -434,6 +435,12 @@ def test_the_report_shows_the_epochs_the_evaluation_the_run_and_the_figures_in_a
         browser.switch_to.default_content()
         return f"{rows} rows\n{text}"
 
+    def follow(link: str) -> None:
+        """Opens a page through the first page's link to it, as a reader who never touches the menu does."""
+        browser.get((tmp_path / "report.html").as_uri())
+        wait_for(lambda: [a for a in browser.find_elements(By.TAG_NAME, "a") if a.text.strip() == link])[0].click()
+        wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, 'a[iconname="eye"]'))[0].click()
+
     def front_page() -> tuple[str, int]:
         browser.get((tmp_path / "report.html").as_uri())
         text = wait_for(lambda: "Best validation" in browser.find_element(By.TAG_NAME, "body").text and browser)
@@ -451,12 +458,14 @@ def test_the_report_shows_the_epochs_the_evaluation_the_run_and_the_figures_in_a
         ]:
             show(category, name)
             widths[name] = wait_for(figure_width)
-        show("Training", "results/report/epochs.html")
+        follow("the epochs one by one")
         epochs = page_text()
-        show("Evaluation", "results/eval/metrics.html")
+        follow("AP and AR per category")
         evaluation = page_text()
-        show("Run", "results/report/run.html")
+        follow("the run's settings and versions")
         run = page_text()
+        show("Run", "results/report/run.html")  # the same page through the menu
+        assert page_text() == run
     finally:
         browser.quit()
     assert all(width > 200 for width in widths.values()), widths

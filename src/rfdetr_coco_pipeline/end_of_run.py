@@ -68,10 +68,11 @@ def failure_summary(snakemake_logs: str | Path | Sequence[str | Path]) -> str:
     paths = [Path(snakemake_logs)] if isinstance(snakemake_logs, str | Path) else [Path(p) for p in snakemake_logs]
     snakemake_log = next((path for path in paths if path.is_file()), None)
     text = snakemake_log.read_text() if snakemake_log else ""
-    failed = re.findall(r"^Error in rule (\w+):\n(?:    .*\n)*?    log: (\S+)", text, re.M)
+    failed = re.findall(r"^Error in rule (\w+):\n(?:    .*\n)*?    log: (.+?)(?: \(check log file.*)?$", text, re.M)
     lines = ["The workflow stopped."]
-    for rule, log in failed:
-        lines.append(f"  the step that failed: {rule}; its log: {log}")
+    for rule, logs in failed:
+        several = "," in logs
+        lines.append(f"  the step that failed: {rule}; its log{'s' if several else ''}: {logs}")
     if not failed and snakemake_log:
         lines.append(f"  snakemake's own log says why: {snakemake_log}")
     lines.append(

@@ -3,7 +3,7 @@
 Snakemake's report opens on the workflow's description; once a run has finished, the Snakefile takes this page
 (`results/report/front.rst`) as that description. It holds the run's headline (best validation mAP and its epoch,
 the epochs, hours and training rate, the GPU and its profile), the best weights' COCO numbers on val2017, the
-training figure, and where in the report the rest is. Numbers carry COCO's three decimals, hours and rates one.
+training figure, and links to the rest of the report. Numbers carry COCO's three decimals, hours and rates one.
 """
 
 from __future__ import annotations
@@ -75,9 +75,10 @@ def front_page(summary: dict[str, Any], evaluation: dict[str, Any], figure: Path
             "   :width: 100%",
             "   :alt: the training figure",
             "",
-            "In the menu on the left: **Training** (the epochs one by one, the figures, the summary), **Evaluation** "
-            "(AP per category) and **Run** (the GPU profile, the speedups, the recipe and the software). The graph "
-            "beside this text is the workflow's steps.",
+            # Snakemake's report defines a link target for each result file by its name and for each category
+            "Where to look next: `the epochs one by one <epochs.html_>`_, `AP and AR per category <metrics.html_>`_, "
+            "`the run's settings and versions <run.html_>`_ (the GPU profile, the speedups, the recipe, the "
+            "software), and all the `Training`_ figures. The graph beside this text is the workflow's steps.",
             "",
         ]
     )

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict
 from rfdetr_coco_pipeline.common import StageError
 
 SETTINGS_ENV = "RFDETR_COCO_PIPELINE_SETTINGS"  # the validated settings as JSON, set by the Snakefile for its jobs
+RUN_STARTED_ENV = "RFDETR_COCO_PIPELINE_RUN_STARTED"  # when the snakemake run began (seconds since the epoch)
 # int or float as written: the recipe's values are hashed into the run's id, so 1 must stay 1, not become 1.0
 Number = int | float
 
@@ -226,6 +227,13 @@ def job_settings() -> Settings:
     if SETTINGS_ENV not in os.environ:
         raise StageError(f"{SETTINGS_ENV} is not set: this script is run by the workflow (snakemake), not by hand.")
     return Settings.model_validate_json(os.environ[SETTINGS_ENV])
+
+
+def run_started() -> float | None:
+    """When the snakemake run that started this job began (the Snakefile sets it once per run; a cluster job that
+    reads the Snakefile again keeps the value it inherits); None outside a run."""
+    value = os.environ.get(RUN_STARTED_ENV)
+    return float(value) if value else None
 
 
 def profile_names(profiles: Sequence[GpuProfile]) -> list[str]:

@@ -22,7 +22,8 @@ class Request:
 
 @dataclass
 class Faults:
-    # name -> faults for its next GETs, in order: "drop" (cut halfway), "corrupt", "ignore_range", "slow"
+    # name -> faults for its next GETs, in order: "drop" (cut halfway), "corrupt", "ignore_range", "slow", or an
+    # HTTP status such as "503" (the GET answered with it, the HEAD before it as usual)
     once: dict[str, list[str]] = field(default_factory=dict)
     status: dict[str, int] = field(default_factory=dict)  # name -> HTTP status for every request
     ignore_range: bool = False
@@ -83,6 +84,8 @@ class ArchiveServer:
             fault = None
             if not head and self.faults.once.get(name):
                 fault = self.faults.once[name].pop(0)
+        if fault is not None and fault.isdigit():
+            status = int(fault)
         if status is None and not path.is_file():
             status = 404
         if status is not None:

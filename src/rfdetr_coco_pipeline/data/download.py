@@ -1,8 +1,11 @@
 """Download one archive: free-disk check, HTTP Range resume, bounded retries with back-off, MD5 check.
 
 The bytes go to `<output>.part`, which is not a declared output, so it survives a failed or killed job and the next
-try resumes it. The archive appears under its final name only once its MD5 matches; a download whose MD5 does not
-match is kept aside, and is not fetched again while the server describes the same file.
+try resumes it. The archive appears under its final name only once its MD5 matches, together with a record of what
+was checked (`.downloaded/<archive>.json`); an archive without a matching record was placed by hand, and is
+MD5-checked before it is extracted. A download whose MD5 does not match is kept aside, and is not fetched again while
+the server describes the same file. Runs that share the data folder take a lock per archive: the second waits, then
+uses what the first fetched.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ import tenacity
 import urllib3
 from tqdm import tqdm
 
-from rfdetr_coco_pipeline.common import StageError, log, md5_of_file, read_json, size, write_json
+from rfdetr_coco_pipeline.common import StageError, log, md5_of_file, read_json, size, sync_folder, write_json
+from rfdetr_coco_pipeline.locks import waiting_lock
 from rfdetr_coco_pipeline.settings import Archive, Settings
 
 CHUNK_BYTES = 1 << 20
@@ -169,6 +173,32 @@ def raise_for_status(url: str, response: requests.Response) -> None:
         )
 
 
+def record_path(archive: Path) -> Path:
+    """Where the download of `archive` records what it checked."""
+    return archive.parent / ".downloaded" / f"{archive.name}.json"
+
+
+def checked_md5(archive: Path) -> str | None:
+    """The MD5 a download of this workflow checked `archive` against, while the file is still the one it wrote (the
+    same inode and size; not the modification time, which Snakemake sets after each job); None for a file it did not
+    write: one placed by hand, or replaced since."""
+    record = record_path(archive)
+    if not (archive.is_file() and record.is_file()):
+        return None
+    found, written = archive.stat(), read_json(record)
+    same_file = written.get("bytes") == found.st_size and written.get("inode") == found.st_ino
+    return written.get("md5") if same_file else None
+
+
+def record_download(part: Path, archive: Path, url: str, md5: str) -> None:
+    """Record the checked download, then give it its final name: the archive never appears without its record (the
+    rename keeps the inode and size the record holds)."""
+    found = part.stat()
+    write_json(record_path(archive), {"url": url, "md5": md5, "bytes": found.st_size, "inode": found.st_ino})
+    os.replace(part, archive)
+    sync_folder(archive.parent)
+
+
 def quarantine_paths(output: Path) -> tuple[Path, Path]:
     """Where a download whose MD5 did not match is kept aside (not a workflow output), and its record."""
     folder = output.parent / ".quarantine"
@@ -178,10 +208,10 @@ def quarantine_paths(output: Path) -> tuple[Path, Path]:
 def check_quarantine(output: Path, url: str, md5: str, remote: dict[str, Any], archive: str) -> None:
     """Stop without fetching when the file kept aside from an earlier try is, by the server's own description, what
     it would send again for the same configured MD5: the configured MD5 is then probably wrong."""
-    kept, record_path = quarantine_paths(output)
-    if not (kept.is_file() and record_path.is_file()):
+    kept, kept_record = quarantine_paths(output)
+    if not (kept.is_file() and kept_record.is_file()):
         return
-    record = read_json(record_path)
+    record = read_json(kept_record)
     same = record["url"] == url and record["expected"] == md5 and record["remote"] == remote
     if same:
         raise StageError(
@@ -206,7 +236,8 @@ def download(
     headroom_bytes: int = 0,
     archive: str = "<name>",
 ) -> None:
-    """Fetch `url` to `output`, resuming `<output>.part`; raise StageError on a final failure."""
+    """Fetch `url` to `output`, resuming `<output>.part`: check the disk, fetch with retries, check the MD5 and
+    record it, or keep a mismatching file aside; raise StageError on a final failure."""
     output.parent.mkdir(parents=True, exist_ok=True)
     transfer = Transfer(url, part_path(output), timeout)
     retrying = tenacity.Retrying(
@@ -250,24 +281,36 @@ def download(
         )
         raise StageError(f"Download failed after {attempts} tries: {error}. {advice}{what_is_left}") from error
     got = digest_box[0].hexdigest()
-    kept, record_path = quarantine_paths(output)
+    kept, kept_record = quarantine_paths(output)
     if got != md5:
         kept.parent.mkdir(parents=True, exist_ok=True)
         os.replace(transfer.part, kept)
-        write_json(record_path, {"url": url, "expected": md5, "got": got, "remote": remote})
+        write_json(kept_record, {"url": url, "expected": md5, "got": got, "remote": remote})
         raise StageError(
             f"{output.name}: MD5 mismatch: expected {md5}, got {got}. The file is kept aside in {kept} (never "
             "used). Run snakemake again: it fetches the archive afresh if the server now describes another file, "
             f"and otherwise stops without fetching, since archives.{archive}.md5 is then probably wrong."
         )
     kept.unlink(missing_ok=True)
-    record_path.unlink(missing_ok=True)
-    os.replace(transfer.part, output)
+    kept_record.unlink(missing_ok=True)
+    record_download(transfer.part, output, url, md5)
     log.info("%s complete, MD5 %s", output, got)
 
 
 def download_archive(settings: Settings, name: str, output: Path) -> None:
-    """Download the archive `name` of the settings to `output`, with the settings' retries and disk headroom."""
+    """Download the archive `name` of the settings to `output`, with the settings' retries and disk headroom.
+    Another run downloading the same file is waited for, and what it fetched is used when it has this MD5."""
+    archive = settings.archive(name)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with waiting_lock(output.parent / f".{output.name}.lock", f"downloading {output.name}", "data_dir"):
+        if checked_md5(output) == archive.md5:
+            log.info("%s is already downloaded (MD5 %s checked when it was fetched)", output, archive.md5)
+            return
+        fetch_archive(settings, name, output)
+
+
+def fetch_archive(settings: Settings, name: str, output: Path) -> None:
+    """`download` with the settings' url, MD5, retries and disk headroom for the archive `name`."""
     archive, retries = settings.archive(name), settings.download
     download(
         archive.url,

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock
 from tqdm import tqdm
 
 from rfdetr_coco_pipeline.common import StageError, log, md5_of_file, read_json, size, where_this_runs, write_json
 from rfdetr_coco_pipeline.data.dataset import MARKER, CopyUsers, copy_name
+from rfdetr_coco_pipeline.locks import waiting_lock
 
 PAGE_BYTES = 4096  # tmpfs stores every file in whole pages
 ANNOTATIONS = "annotations"  # COCO's folder of annotation JSONs
@@ -178,7 +178,7 @@ def stage_dataset(
     report.update(files=manifest.files, bytes=manifest.bytes, copy=name)
     # One run stages a copy at a time; others wait, then reuse it. The lock file is every user's (mode 0666 whatever
     # the umask), as the RAM disk is: a second user on the node waits for it like the first.
-    with FileLock(str(ramdisk / f".{name}.lock"), mode=0o666):
+    with waiting_lock(ramdisk / f".{name}.lock", f"staging {name}", "stage.ramdisk"):
         if is_complete_copy(target, source, manifest):
             seconds = time.perf_counter() - start
             log.info(

@@ -23,8 +23,8 @@ from rfdetr_coco_pipeline.training.resume import (
     check_previous_block,
     checkpoint_epoch,
     export_block,
-    in_progress_epoch,
     lock_state,
+    newest_state_checkpoint,
     plan_resume,
     prepare_state,
 )
@@ -73,7 +73,7 @@ def train_block(settings: Settings, job: BlockJob, rfdetr_version: str) -> None:
         write_json(state_dir / "recipe.json", recipe)
 
     state_last = state_dir / "last.ckpt"
-    plan = plan_resume(state_last, in_progress_epoch(state_last, set_aside=main_rank), previous, start, end)
+    plan = plan_resume(*newest_state_checkpoint(state_dir, set_aside=main_rank), previous, start, end)
     log.info("Epochs %d-%d of %d: %s", start + 1, end, recipe["epochs"], plan.note)
     if main_rank:
         prepare_state(state_dir, plan)

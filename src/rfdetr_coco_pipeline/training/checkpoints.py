@@ -5,7 +5,9 @@ Where that is another file system than the checkpoint's (a node-local TMPDIR, re
 cluster), the move is a copy straight into `last.ckpt`, and a disk that fills or a node that dies during it leaves
 the file cut short; nothing is flushed to disk either. `DurableCheckpointIO`, a Lightning checkpoint plugin, writes
 each local checkpoint to a temporary file in the checkpoint's own folder, flushes it to disk, renames it into place
-and flushes the folder: the file is the old checkpoint or the new one, whatever TMPDIR is. A write that fails
+and flushes the folder: the file is the old checkpoint or the new one, whatever TMPDIR is. The in-progress
+checkpoint it replaces stays as `previous.ckpt` (a second name for the same file, no copy) until the next one is
+written, so that a `last.ckpt` damaged later (a disk error, a file cut by hand) costs one epoch. A write that fails
 removes its temporary file and leaves the old checkpoint as it was; a full disk ends the job with what to do.
 Checkpoints on object storage keep Lightning's own writer.
 """
@@ -24,6 +26,8 @@ from lightning_fabric.plugins import TorchCheckpointIO
 from lightning_fabric.utilities.cloud_io import get_filesystem
 
 from rfdetr_coco_pipeline.common import StageError, log, sync_folder
+
+KEPT_AS_PREVIOUS = {"last.ckpt": "previous.ckpt"}  # checkpoint -> the name its predecessor keeps
 
 
 class DurableCheckpointIO(TorchCheckpointIO):
@@ -45,6 +49,8 @@ def write_durably(checkpoint: dict[str, Any], path: Path) -> None:
             handle.write(serialized.getbuffer())
             handle.flush()
             os.fsync(handle.fileno())
+        if path.name in KEPT_AS_PREVIOUS and path.is_file():
+            keep_as_previous(path, path.with_name(KEPT_AS_PREVIOUS[path.name]))
         os.replace(partial, path)
         sync_folder(path.parent)
     except OSError as error:
@@ -58,3 +64,16 @@ def write_durably(checkpoint: dict[str, Any], path: Path) -> None:
     finally:
         partial.unlink(missing_ok=True)
     log.debug("Checkpoint written: %s", path)
+
+
+def keep_as_previous(path: Path, previous: Path) -> None:
+    """Give the checkpoint about to be replaced the name `previous` too (a hard link, renamed into place, so either
+    name always holds a whole file). A file system without hard links keeps no previous checkpoint."""
+    link = previous.with_name(f".{previous.name}.{os.getpid()}.link")
+    try:
+        link.unlink(missing_ok=True)
+        os.link(path, link)
+        os.replace(link, previous)
+    except OSError as error:
+        link.unlink(missing_ok=True)
+        log.debug("No %s kept beside %s: %s", previous.name, path.name, error)

@@ -2,9 +2,10 @@
 
 A run's state folder (`results/train/state/<recipe id>/`, rfdetr's `output_dir`) is not a Snakemake output, so a
 failed or killed job cannot delete it: rfdetr rewrites `last.ckpt` there every epoch and the next job resumes from
-it, losing at most the epoch in flight. A damaged `last.ckpt` (a full disk, a node lost mid-write) is kept aside and
-the block resumes from the newest good checkpoint instead. At the end of a block its checkpoint, best weights,
-metrics and timings are copied into the block's output folder, which the next block (and the plot) reads.
+it, losing at most the epoch in flight. A damaged `last.ckpt` is kept aside and the block resumes from the newest
+good checkpoint instead: the epoch before it (`previous.ckpt`), else the previous block's, else the start. At the
+end of a block its checkpoint, best weights, metrics and timings are copied into the block's output folder, which the
+next block (and the plot) reads.
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from rfdetr_coco_pipeline.common import StageError, log, read_json, write_json
+from rfdetr_coco_pipeline.locks import HELD, no_locks_error
 from rfdetr_coco_pipeline.training.recipe import recipe_diff
 
 STATE_FILES_KEPT = ("recipe.json", ".training.lock")  # what a fresh start leaves in the state folder
-DAMAGED = "last.damaged-*.ckpt"  # an in-progress checkpoint that did not load, kept aside for the user
+DAMAGED = "*.damaged-*.ckpt"  # an in-progress checkpoint that did not load, kept aside for the user
+PREVIOUS = "previous.ckpt"  # the epoch before last.ckpt's (see training/checkpoints.py)
 
 
 @dataclass(frozen=True)
@@ -42,10 +45,9 @@ def checkpoint_epoch(path: Path) -> int:
 
 
 def in_progress_epoch(state_last: Path, set_aside: bool = True) -> int | None:
-    """The completed epoch of the state folder's in-progress checkpoint; None when there is none, or when it does
-    not load. A damaged one is renamed `last.damaged-<UTC time>.ckpt` (by the main rank, `set_aside`) and the log
-    says so: the block then resumes from the previous block's checkpoint, or from the start, losing the epochs it had
-    trained past that."""
+    """The completed epoch of an in-progress checkpoint of the state folder; None when there is none, or when it
+    does not load. A damaged one is renamed `<name>.damaged-<UTC time>.ckpt` (by the main rank, `set_aside`) and the
+    log says so."""
     if not state_last.is_file():
         return None
     try:
@@ -53,17 +55,30 @@ def in_progress_epoch(state_last: Path, set_aside: bool = True) -> int | None:
     except Exception as error:  # a cut zip archive, a truncated pickle, a checkpoint without its epoch: all damage
         if not set_aside:
             return None
-        kept = state_last.with_name(f"last.damaged-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.ckpt")
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        kept = state_last.with_name(f"{state_last.stem}.damaged-{stamp}.ckpt")
         os.replace(state_last, kept)
         log.warning(
             "The in-progress checkpoint %s does not load (%s: %s): kept aside as %s. The block resumes from the "
-            "newest good checkpoint instead, the previous block's or the start.",
+            "newest good checkpoint instead: the epoch before (%s), the previous block's, or the start.",
             state_last,
             type(error).__name__,
             str(error)[:200],
             kept.name,
+            PREVIOUS,
         )
         return None
+
+
+def newest_state_checkpoint(state_dir: Path, set_aside: bool = True) -> tuple[Path, int | None]:
+    """The state folder's newest checkpoint that loads, and its completed epoch: `last.ckpt`, else the one it
+    replaced (`previous.ckpt`); (last.ckpt, None) when neither does."""
+    last = state_dir / "last.ckpt"
+    for candidate in (last, state_dir / PREVIOUS):
+        epoch = in_progress_epoch(candidate, set_aside)
+        if epoch is not None:
+            return candidate, epoch
+    return last, None
 
 
 def plan_resume(state_last: Path, state_epoch: int | None, previous: Path | None, start: int, end: int) -> ResumePlan:
@@ -139,6 +154,8 @@ def lock_state(state_dir: Path) -> int:
         fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as error:
         os.close(fd)
+        if error.errno not in HELD:
+            raise no_locks_error(state_dir, error, "results_dir") from error
         raise StageError(
             f"Another training process is using {state_dir} (an earlier job that is still running, or a second "
             "snakemake in this folder). Wait for it to end or stop it, then run snakemake again."
