@@ -20,9 +20,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from rfdetr_coco_pipeline.data.dataset import MARKER
 from tests.helpers.archive_server import ArchiveServer
 from tests.helpers.figures import drawn, lines_labelled
-from tests.helpers.tiny_coco import make_archives, md5
+from tests.helpers.tiny_coco import make_archives, make_split, md5
 from tests.helpers.workflow import (
     dry_run_jobs,
     jobs_run,
@@ -294,36 +295,82 @@ def rerun_after_a_kill(workdir: Path, *targets: str) -> str:
     return result.stdout
 
 
-@pytest.mark.parametrize(
-    ("marker", "targets"),
-    [
-        # a kill in a data stage is followed by a run up to the verified dataset: training is the same either way
-        ("scripts/download.py --archive train2017", [VERIFIED]),
-        ("scripts/extract.py", [VERIFIED]),
-        ("scripts/verify.py", [VERIFIED]),
-        ("scripts/stage.py", [BLOCK]),  # up to the block: what follows it is not at stake
-    ],
-    ids=["download", "extract", "verify", "stage"],
-)
-def test_sigkill_of_snakemake_during_each_stage_is_survived(workdir, server, archives, marker, targets):
+def test_sigkill_of_snakemake_mid_download_resumes_the_part_file(workdir, server, archives):
     server.faults.once["train2017.zip"] = ["slow"]  # so the kill lands while the archive is still arriving
-    write_config(workdir, tiny_config(workdir, server.url, archives, epochs=1))
-    snakemake = start_snakemake(workdir, *targets)
-    wait_for_job(snakemake, marker)
-    if marker.startswith("scripts/download.py"):  # let some bytes arrive first
-        part = wait_for_file(snakemake, "train2017.zip.part", workdir / "data" / "archives")
-        while part.stat().st_size < 1024 and snakemake.poll() is None:
-            time.sleep(0.05)
+    snakemake = start_snakemake(workdir, VERIFIED)
+    wait_for_job(snakemake, "scripts/download.py --archive train2017")
+    part = wait_for_file(snakemake, "train2017.zip.part", workdir / "data" / "archives")
+    while part.stat().st_size < 1024 and snakemake.poll() is None:  # some bytes have arrived
+        time.sleep(0.05)
     kill_group(snakemake)
-    output = rerun_after_a_kill(workdir, *targets)
-    assert (workdir / targets[0]).is_file()
-    if marker.startswith("scripts/download.py"):
-        assert gets(server, "train2017") == 2 and gets(server, "val2017") == 1
-        assert (server.gets("train2017.zip")[1].range or "").startswith("bytes=")  # the .part file was resumed
-    else:  # finished archives are never fetched again
-        assert all(gets(server, a) == 1 for a in ("annotations_trainval2017", "val2017", "train2017"))
-    if marker == "scripts/stage.py":
-        assert "train_block" in jobs_run(output)
+    rerun_after_a_kill(workdir, VERIFIED)
+    assert (workdir / VERIFIED).is_file()
+    assert gets(server, "train2017") == 2 and gets(server, "val2017") == 1
+    assert (server.gets("train2017.zip")[1].range or "").startswith("bytes=")  # the .part file was resumed
+
+
+PADDING = "zz-padding.bin"  # a large file in train2017: work to be killed in the middle of
+
+
+VAL_IMAGES = {"extract": 4, "verify": 3000, "stage": 4}  # verification decodes the images: 3,000 take a while
+
+
+@pytest.fixture(scope="module")
+def large_archives(tmp_path_factory: pytest.TempPathFactory, tiny_dataset: Path) -> dict[int, dict[str, dict]]:
+    """The tiny dataset with work enough for a kill to land in the middle of a step: a 192 MiB file in train2017
+    (extraction and staging write it for a while), with the 4 validation images or 3,000, by how many."""
+    root = tmp_path_factory.mktemp("large")
+    variants = {}
+    for images in sorted(set(VAL_IMAGES.values())):
+        dataset = Path(shutil.copytree(tiny_dataset, root / f"dataset-{images}"))
+        make_split(dataset, "val2017", images, seed=2)
+        (dataset / "train2017" / PADDING).write_bytes(os.urandom(192 << 20))
+        variants[images] = make_archives(dataset, root / f"served-{images}")
+    return variants
+
+
+@pytest.mark.parametrize("stage", ["extract", "verify", "stage"])
+def test_sigkill_of_snakemake_in_the_middle_of_a_data_stage_is_survived(tmp_path, large_archives, stage):
+    """Snakemake and its job killed while the step's half-finished state is on disk (extraction's scratch folder,
+    the RAM-disk copy's partial folder) or while it works (verification, between its splits): that state is never
+    taken for finished, the next run redoes the step, and no archive is fetched again."""
+    archives = large_archives[VAL_IMAGES[stage]]
+    with ArchiveServer(next(iter(archives.values()))["path"].parent) as server:
+        config = tiny_config(tmp_path, server.url, archives, epochs=1)
+        config["verify"]["expected_images"]["val2017"] = VAL_IMAGES[stage]
+        write_config(tmp_path, config)
+        target = BLOCK if stage == "stage" else VERIFIED  # staging runs in the training job
+        snakemake = start_snakemake(tmp_path, target)
+        dataset, shm = tmp_path / "data" / "coco2017", tmp_path / "shm"
+        if stage == "extract":
+            half = wait_for_file(snakemake, f".extracting-train2017/train2017/{PADDING}", dataset, every=0.002)
+        elif stage == "stage":
+            half = wait_for_file(snakemake, f".*.partial/train2017/{PADDING}", shm, every=0.002)
+        else:
+            log = tmp_path / "results" / "logs" / "verify" / "dataset.log"
+            deadline = time.time() + 600
+            while not (log.is_file() and "train2017: 8 image files" in log.read_text()):
+                assert snakemake.poll() is None and time.time() < deadline, "verification never got there"
+                time.sleep(0.002)
+        kill_group(snakemake)
+        if stage == "extract":  # killed mid-write: the half-made folder is the scratch one, not train2017
+            assert half.stat().st_size < 192 << 20 and not (dataset / "train2017").exists()
+        elif stage == "stage":  # a partial copy without the marker of a complete one
+            assert half.stat().st_size < 192 << 20 and not list(shm.glob(f"*/{MARKER}"))
+        else:  # killed between its splits: no report
+            assert not (tmp_path / VERIFIED).exists()
+        output = rerun_after_a_kill(tmp_path, target)
+        assert all(gets(server, name) == 1 for name in archives)
+        if stage == "extract":
+            assert (dataset / "train2017" / PADDING).stat().st_size == 192 << 20
+            assert not list(dataset.glob(".extracting-*"))
+        if stage == "stage":
+            staged = json.loads((tmp_path / "results" / "train" / "block_01" / "stage.json").read_text())
+            assert staged["where"] == "ramdisk" and staged["reason"] == "copied"  # made afresh, the partial never used
+            assert staged["bytes"] > 192 << 20 and not list(shm.glob(".*.partial"))
+            assert "train_block" in jobs_run(output)
+        report = json.loads((tmp_path / VERIFIED).read_text())
+        assert report["splits"]["val2017"]["images"] == VAL_IMAGES[stage]
 
 
 def test_sigkill_of_snakemake_mid_training_resumes_from_the_last_epoch(workdir, server, archives):

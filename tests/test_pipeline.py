@@ -144,6 +144,31 @@ def test_the_training_figure_of_one_epoch_reads_as_well(two_block_run):
     assert loss.get_xlim() == (0, 1) and [label.get_text() for label in loss.get_xticklabels()] == ["0", "1"]
 
 
+def test_the_training_figure_of_forty_epochs_in_four_blocks_stays_readable(two_block_run):
+    """A full run's length: the real run's two epochs of records, repeated as 40 epochs in blocks of 10."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from rfdetr_coco_pipeline.plotting import join_metrics
+    from rfdetr_coco_pipeline.training_figure import training_figure
+
+    train = two_block_run[0] / "results" / "train"
+    blocks = [train / "block_01", train / "block_02"]
+    records = [record for block in blocks for record in json.loads((block / "epochs.json").read_text())]
+    metrics = join_metrics([block / "metrics.csv" for block in blocks])
+    forty = [{**records[epoch % 2], "epoch": epoch} for epoch in range(40)]
+    rows = pd.concat([metrics[metrics["epoch"] == epoch % 2].assign(epoch=epoch) for epoch in range(40)])
+    figure = training_figure(rows, forty, [(0, 10), (10, 20), (20, 30), (30, 40)])
+    FigureCanvasAgg(figure).draw()
+    axes = {axis.get_title(): axis for axis in figure.axes if axis.get_title()}
+    for title, axis in axes.items():
+        labels = [label.get_text() for label in axis.get_xticklabels() if label.get_text()]
+        assert 3 <= len(labels) <= 11 and all(label.isdigit() for label in labels), (title, labels)  # not 40
+        assert block_starts(axis) == [10, 20, 30], title
+    steps = lines_labelled(axes["Training loss per step"])["each step"].get_xdata()
+    assert len(steps) == sum(len(record["loss"]) for record in forty) and max(steps) == 40
+    assert all(len(curve.get_xdata()) == 40 for curve in lines_labelled(axes["Validation mAP per epoch"]).values())
+
+
 def test_metrics_have_train_and_val_rows_for_every_epoch_and_the_plots_are_pngs(two_block_run):
     workdir, _, _ = two_block_run
     metrics = pd.read_csv(workdir / "results" / "metrics.csv")

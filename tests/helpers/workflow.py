@@ -141,13 +141,16 @@ def wait_for_job(snakemake: subprocess.Popen[str], marker: str, timeout: float =
     raise AssertionError(f"no job matching {marker!r} started (snakemake exit code {snakemake.poll()})")
 
 
-def wait_for_file(snakemake: subprocess.Popen[str], pattern: str, root: Path, timeout: float = 600) -> Path:
+def wait_for_file(
+    snakemake: subprocess.Popen[str], pattern: str, root: Path, timeout: float = 600, every: float = 0.1
+) -> Path:
+    """The first path under `root` matching `pattern`, as soon as one appears (looked for `every` seconds)."""
     deadline = time.time() + timeout
     while time.time() < deadline and snakemake.poll() is None:
         found = next(root.glob(pattern), None)
         if found:
             return found
-        time.sleep(0.1)
+        time.sleep(every)
     raise AssertionError(f"{pattern} never appeared under {root} (snakemake exit code {snakemake.poll()})")
 
 
