@@ -6,7 +6,10 @@ and a damaged last.ckpt resumes from it."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import tempfile
+import time
 
 import pytest
 import torch
@@ -56,6 +59,33 @@ def test_a_damaged_last_checkpoint_resumes_from_the_one_it_replaced_losing_one_e
     previous.write_bytes(b"PK\x03\x04 cut short")
     assert newest_state_checkpoint(state) == (last, None)
     assert len(list(state.glob("*.damaged-*.ckpt"))) == 2
+
+
+KILLED_WRITER = """
+import sys, torch
+from pathlib import Path
+from rfdetr_coco_pipeline.training.checkpoints import write_durably
+write_durably({"epoch": 9, "weights": torch.zeros(int(sys.argv[2]))}, Path(sys.argv[1]))
+"""
+
+
+def test_a_writer_killed_mid_write_leaves_the_checkpoint_as_it_was_and_the_next_write_clears_its_leftover(tmp_path):
+    last = tmp_path / "state" / "last.ckpt"
+    write_durably(checkpoint(1), last)
+    before = last.read_bytes()
+    values = 256 << 20  # 1 GiB of float32: written for long enough to be killed in the middle
+    writer = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(last), str(values)])
+    deadline = time.time() + 300
+    while not [p for p in last.parent.glob(".last.ckpt.*.partial") if p.stat().st_size > 0]:
+        assert writer.poll() is None and time.time() < deadline, "the write was never under way"
+        time.sleep(0.002)
+    writer.kill()
+    writer.wait()
+    (leftover,) = last.parent.glob(".last.ckpt.*.partial")
+    assert leftover.stat().st_size < values * 4  # cut in the middle
+    assert last.read_bytes() == before and torch.load(last, weights_only=False)["epoch"] == 1
+    write_durably(checkpoint(2), last)  # the next epoch's write, by the next job
+    assert sorted(os.listdir(last.parent)) == ["last.ckpt", "previous.ckpt"]
 
 
 def test_the_durable_writer_is_the_one_rfdetrs_trainer_gets_also_under_the_background_writer(tiny_dataset, tmp_path):

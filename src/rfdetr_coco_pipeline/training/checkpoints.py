@@ -41,6 +41,9 @@ class DurableCheckpointIO(TorchCheckpointIO):
 def write_durably(checkpoint: dict[str, Any], path: Path) -> None:
     """`torch.save` of `checkpoint` to `path` through a temporary file beside it (see the module's text)."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    # a writer killed mid-write leaves its temporary file; one process writes a run's checkpoints (the state lock)
+    for stale in path.parent.glob(f".{path.name}.*.partial"):
+        stale.unlink(missing_ok=True)
     partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
     serialized = io.BytesIO()  # as Lightning does: a failed write is then the file system's error, not torch's
     torch.save(checkpoint, serialized)
