@@ -112,3 +112,33 @@ def test_a_second_user_on_the_node_reads_the_first_users_copy_and_neither_can_re
         assert not Path(first["path"]).exists()
     finally:
         shutil.rmtree(node, ignore_errors=True)
+
+
+def test_a_dataset_folder_the_user_cannot_read_stops_staging_naming_it(tiny_dataset):
+    """A second user whose data_dir has a folder only its owner reads: staging stops naming that folder and what to
+    do, and copies nothing, instead of fingerprinting and staging part of the data."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("starting a process as a second user needs root and setpriv")
+    node = Path(tempfile.mkdtemp(prefix="shared-node-", dir="/tmp"))
+    try:
+        os.chmod(node, 0o755)
+        dataset = node / "coco2017"
+        shutil.copytree(tiny_dataset, dataset)
+        subprocess.run(["chmod", "-R", "a+rX", str(dataset)], check=True)
+        os.chmod(dataset / "val2017", 0o700)  # root's alone
+        ramdisk = node / "shm"
+        ramdisk.mkdir()
+        os.chmod(ramdisk, 0o1777)
+        second = as_second_user(
+            "from pathlib import Path; from rfdetr_coco_pipeline.common import StageError; "
+            "from rfdetr_coco_pipeline.data.stage import stage_dataset\n"
+            f"try: stage_dataset(Path({str(dataset)!r}), Path({str(ramdisk)!r}), 'rfdetr-coco2017', 0)\n"
+            "except StageError as error: print(error)"
+        )
+        assert second.returncode == 0, second.stderr[-3000:]
+        message = " ".join(second.stdout.split())
+        assert f"Cannot read {dataset / 'val2017'} (Permission denied) to stage the dataset" in message, message
+        assert "give this user read access to the whole data_dir, or set stage.enabled: false" in message
+        assert [p.name for p in ramdisk.iterdir() if not p.name.endswith(".lock")] == []  # nothing staged
+    finally:
+        shutil.rmtree(node, ignore_errors=True)
