@@ -1,5 +1,6 @@
 """On a CUDA GPU, through the real `snakemake` (run there with `pytest -m gpu -o addopts=""`; README "Test it"):
-the train rule as a user gets it on the H200 (compile and static CUDA graphs), and the FP8 route."""
+the train rule as a user gets it on the H200 (compile and static CUDA graphs), the FP8 route, and the GPU's own faults
+(too many GPUs asked for, out of memory, a loss that is no longer finite)."""
 
 from __future__ import annotations
 
@@ -146,3 +147,20 @@ def test_a_gpu_out_of_memory_ends_the_block_with_what_to_change(workdir, server,
     assert result.returncode != 0
     assert "The GPU ran out of memory" in result.stdout and "GPU profile 'too-big' (batch_size 4096" in result.stdout
     assert "Pin a gpu_profiles row with a smaller batch_size" in result.stdout
+
+
+def test_a_loss_that_is_no_longer_finite_stops_the_block_on_the_gpu_too(workdir, server, archives, tmp_path):
+    """The NaN guard where it checks without waiting for the GPU (a step later): compiled, with CUDA graphs where
+    the profile has them; the block stops in the epoch the loss went bad and the last good checkpoint stays."""
+    from tests.test_faults import NAN_FAULT
+
+    site = tmp_path / "nan-fault"
+    for name, text in NAN_FAULT.items():
+        (site / name).parent.mkdir(parents=True, exist_ok=True)
+        (site / name).write_text(text)
+    write_gpu_config(workdir, tiny_config(workdir, server.url, archives, device="cuda", epochs=2, epochs_per_block=2))
+    failed = run_snakemake(workdir, "results/train/block_01/run.json", env={"PYTHONPATH": str(site)})
+    assert failed.returncode != 0
+    assert re.search(r"The training loss is no longer finite \(NaN or infinite\) at epoch 2, step \d+", failed.stdout)
+    (last,) = (workdir / "results" / "train" / "state").glob("*/last.ckpt")
+    assert torch.load(last, map_location="cpu", weights_only=False)["epoch"] == 0  # epoch 1's, not overwritten
