@@ -693,3 +693,18 @@ def test_tensor_resize_keeps_rfdetrs_boxes_and_its_pixels_within_two_levels(tmp_
         largest = max(largest, (pillow_image.int() - tensor_image.int()).abs().max().item())
     # torch's uint8 resize is not Pillow's: its pixels differ, by 2 levels at most
     assert 1 <= largest <= 2
+
+
+def test_the_flop_count_is_per_image_splits_the_forward_by_part_and_gives_the_rates_utilisation(tmp_path):
+    """bench.flops on the real Nano training module (64 px keeps it quick): the count per image does not depend on
+    how many images were counted, the backward is about twice the forward, the parts hold the forward, and the
+    utilisation is the rate's FLOPs over the peak."""
+    from bench.flops import report
+
+    one, two = report(64, 1, None, 989.0), report(64, 2, 100.0, 500.0)
+    assert one["gflop_per_training_image"] == pytest.approx(two["gflop_per_training_image"], rel=0.01)
+    assert 2.5 < two["gflop_per_training_image"] / two["forward_gflop_per_image"] < 3.5
+    parts = two["forward_gflop_per_image_by_part"]
+    assert sum(parts.values()) == pytest.approx(two["forward_gflop_per_image"], abs=0.01)
+    assert parts["other"] < 0.01 * two["forward_gflop_per_image"]  # every module of the forward has its part
+    assert two["utilisation"] == pytest.approx(two["gflop_per_training_image"] * 100 / 1000 / 500.0, rel=0.01)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 
 import pytest
@@ -159,7 +160,9 @@ def test_a_loss_that_is_no_longer_finite_stops_the_block_on_the_gpu_too(workdir,
         (site / name).parent.mkdir(parents=True, exist_ok=True)
         (site / name).write_text(text)
     write_gpu_config(workdir, tiny_config(workdir, server.url, archives, device="cuda", epochs=2, epochs_per_block=2))
-    failed = run_snakemake(workdir, "results/train/block_01/run.json", env={"PYTHONPATH": str(site)})
+    # prepended: on the GPU machine PYTHONPATH also carries the installed wheels
+    path = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+    failed = run_snakemake(workdir, "results/train/block_01/run.json", env={"PYTHONPATH": path})
     assert failed.returncode != 0
     assert re.search(r"The training loss is no longer finite \(NaN or infinite\) at epoch 2, step \d+", failed.stdout)
     (last,) = (workdir / "results" / "train" / "state").glob("*/last.ckpt")
