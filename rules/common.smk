@@ -15,7 +15,12 @@ from rfdetr_coco_pipeline.config_check import ConfigError
 from rfdetr_coco_pipeline.data.download import checked_md5
 from rfdetr_coco_pipeline.end_of_run import failure_summary, success_summary
 from rfdetr_coco_pipeline.export import missing_message, missing_modules
-from rfdetr_coco_pipeline.needs import checks_gpus, needs_summary, training_job_cores
+from rfdetr_coco_pipeline.needs import (
+    checks_gpus,
+    needs_summary,
+    training_job_cores,
+    training_launch_resources,
+)
 from rfdetr_coco_pipeline.settings import RUN_STARTED_ENV, SETTINGS_ENV, load_settings
 
 try:

@@ -1,5 +1,18 @@
 # Staging runs inside each training job, not as a job of its own: /dev/shm belongs to the node that
 # trains (and a reboot empties it), so only the training job can know the copy is there.
+# With srun's launch, srun stages once on every node of the job, then starts one training task per GPU; a task
+# that fails ends the others (--kill-on-bad-exit), rather than leaving them waiting for it.
+STAGE_ON_EVERY_NODE = (
+    "{resources.mpi} --nodes={resources.nodes} --ntasks={resources.nodes} --ntasks-per-node=1 "
+    "--cpus-per-task=$SLURM_CPUS_ON_NODE "
+    if SETTINGS.srun_launch
+    else ""
+)
+RANKS_ON_EVERY_NODE = (
+    "{resources.mpi} --kill-on-bad-exit=1 " if SETTINGS.srun_launch else ""
+)
+
+
 rule train_block:
     input:
         # The previous block's outputs, and (ancient: re-verifying the same data, which gives it a new
@@ -18,7 +31,8 @@ rule train_block:
         "../envs/pipeline.yaml"
     threads: training_job_cores(SETTINGS)  # capped at --cores on one machine
     resources:
-        gpu=SETTINGS.recipe.gpus,
+        # one process per GPU, started by Lightning or by srun (docs/cluster.md)
+        **training_launch_resources(SETTINGS),
         mem_mb=train_mem_mb,
         runtime=train_runtime,
     # Snakemake reruns a job whose params changed: these are the params of 0.4.0's rule, value for value, so that
@@ -37,7 +51,9 @@ rule train_block:
     message:
         "Training epochs {params.first}-{params.end} ({wildcards.block}; log: {log.train})"
     shell:
-        "stage.py --source {params.dataset:q} --report {output.stage:q} "
+        STAGE_ON_EVERY_NODE
+        + "stage.py --source {params.dataset:q} --report {output.stage:q} "
         "--workers {threads} 2>&1 | tee {log.stage:q} && "
-        "train.py --block {wildcards.block} --stage-report {output.stage:q} "
+        + RANKS_ON_EVERY_NODE
+        + "train.py --block {wildcards.block} --stage-report {output.stage:q} "
         "--previous-block={params.previous:q} --outdir {params.outdir:q} --threads {threads} 2>&1 | tee {log.train:q}"

@@ -98,13 +98,14 @@ def test_the_durable_writer_is_the_one_rfdetrs_trainer_gets_also_under_the_backg
     )
     from rfdetr_coco_pipeline.hooks.trainer_plugins import trainer_plugins
     from rfdetr_coco_pipeline.training.rfdetr_call import trainer_plugins_for
+    from tests.helpers.workflow import settings_of
     from tests.test_train import rfdetr_train_config
 
     config = rfdetr_train_config(["csv"], tiny_dataset, tmp_path / "state" / "0123abcd")
-    with trainer_plugins(trainer_plugins_for(1)):
+    with trainer_plugins(trainer_plugins_for(settings_of())):
         writer = rfdetr.training.build_trainer(config, RFDETRNanoConfig(), accelerator="cpu").strategy.checkpoint_io
     assert isinstance(writer, DurableCheckpointIO)
-    plugins = trainer_plugins_for(1)  # as the train stage does: the gate first, then the speedups
+    plugins = trainer_plugins_for(settings_of())  # as the train stage does: the gate first, then the speedups
     with checkpoints_in_background(), trainer_plugins(plugins):
         writer = rfdetr.training.build_trainer(config, RFDETRNanoConfig(), accelerator="cpu").strategy.checkpoint_io
     assert isinstance(writer, HostSnapshotCheckpointIO) and isinstance(writer.checkpoint_io, DurableCheckpointIO)

@@ -63,6 +63,12 @@ def _profile_errors(config: Mapping[str, Any]) -> Iterator[tuple[Path_, str]]:
             ("train", "profile"),
             f"train.profile: unknown GPU profile {pinned!r} (known: auto, {', '.join(map(str, names))})",
         )
+    if train.get("nodes", 1) > 1 and train.get("launch", "auto") == "lightning":
+        yield (
+            ("train", "launch"),
+            f"train.launch: lightning starts the processes of one node only, and train.nodes is {train['nodes']}; "
+            "set train.launch: srun (or auto), or train.nodes: 1",
+        )
     if train.get("device") == "cpu" and pinned == "auto" and "cpu" not in names:
         yield ("train", "profile"), "train.profile: device cpu with profile auto needs a gpu_profiles row named 'cpu'"
 

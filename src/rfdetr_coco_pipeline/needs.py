@@ -89,6 +89,29 @@ def training_job_cores(settings: Settings) -> int:
     return max(1, settings.train.max_workers) * settings.recipe.gpus
 
 
+def training_launch_resources(settings: Settings) -> dict[str, Any]:
+    """The training job's resources that say how its processes start, in the SLURM executor plugin's terms.
+
+    Lightning's launch (one node): `gpu`, the job's GPU count (the plugin's --gpus; Snakemake's own count on one
+    machine). srun: `nodes`; `gres` gpu:N, which SLURM counts per node (the plugin's --gpus counts the whole job);
+    one task per GPU, as `tasks_per_node` (`tasks` with one GPU a node, where the plugin refuses one task a node);
+    `cpus_per_task`, the job's cores shared among a node's tasks; and `mpi`, the launcher the rule starts the stage
+    and the ranks with. With `mpi` the plugin runs the job's command once, in the batch step, where srun can start
+    the tasks on every node; without it the command would itself be a single srun task."""
+    recipe = settings.recipe
+    if not settings.srun_launch:
+        return {"gpu": recipe.gpus}
+    launch: dict[str, Any] = {"nodes": recipe.nodes, "mpi": "srun"}
+    if settings.train.device == "cuda":
+        launch["gres"] = f"gpu:{recipe.gpus}"
+    if recipe.gpus > 1:
+        launch["tasks_per_node"] = recipe.gpus
+    else:
+        launch.update(tasks=recipe.ranks, tasks_per_gpu=1)
+    launch["cpus_per_task"] = lambda wildcards, threads: max(1, threads // recipe.gpus)
+    return launch
+
+
 def checks_gpus(settings: Settings) -> bool:
     """Whether the check_gpus job looks for GPUs (`preflight` on a GPU run), rather than only saying it did not."""
     return settings.preflight and settings.train.device == "cuda"

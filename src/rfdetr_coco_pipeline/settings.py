@@ -88,15 +88,26 @@ class Recipe(Section):
     eval_interval: int
     gpus: int
     lr_scaling: Literal["linear", "none"]
+    nodes: int = 1  # optional in config.yaml: a config written before it existed trains on one node
+
+    @property
+    def ranks(self) -> int:
+        """Training processes, one per GPU: `gpus` on each of `nodes` nodes."""
+        return self.gpus * self.nodes
 
     @property
     def lr_scale(self) -> int:
-        """What lr and lr_encoder are multiplied by: the GPU count with `lr_scaling: linear`."""
-        return self.gpus if self.lr_scaling == "linear" else 1
+        """What lr and lr_encoder are multiplied by: the GPU count of all nodes with `lr_scaling: linear`."""
+        return self.ranks if self.lr_scaling == "linear" else 1
+
+    def values(self) -> dict[str, Any]:
+        """The recipe's values; `nodes` only when above 1, so that a one-node run keeps the id and the training
+        rule's parameter it had before `nodes` existed (and resumes after an upgrade)."""
+        return self.model_dump(exclude={"nodes"} if self.nodes == 1 else None)
 
     def as_parameter(self) -> str:
         """The recipe as the training rules' parameter: a change of any value reruns training."""
-        return json.dumps(self.model_dump())
+        return json.dumps(self.values())
 
 
 class Training(Section):
@@ -112,6 +123,7 @@ class Training(Section):
     speedups: Literal["auto", "all", "none"] | tuple[str, ...]
     compile_warmup: bool
     loggers: tuple[Literal["csv", "tensorboard", "mlflow", "wandb"], ...]
+    launch: Literal["auto", "lightning", "srun"] = "auto"  # optional in config.yaml, like Recipe.nodes
 
 
 class Export(Section):
@@ -196,9 +208,17 @@ class Settings(Section):
         """The settings of a valid config (config.yaml's layout): `train` splits into the recipe and the rest, and
         `archives` keeps its order with each archive's name."""
         train = dict(config["train"])
-        recipe = {key: train.pop(key) for key in Recipe.model_fields}
+        recipe = {key: train.pop(key) for key in Recipe.model_fields if key in train}
         archives = [{"name": name, **archive} for name, archive in config["archives"].items()]
         return cls.model_validate({**config, "archives": archives, "recipe": recipe, "train": train})
+
+    @property
+    def srun_launch(self) -> bool:
+        """Whether SLURM's srun starts the training processes, one task per GPU on every node (`train.launch: srun`,
+        or `auto` with `train.nodes` above 1), rather than Lightning starting them on the one node. A single process
+        needs neither."""
+        launch = self.train.launch
+        return self.recipe.ranks > 1 and (launch == "srun" or (launch == "auto" and self.recipe.nodes > 1))
 
     @property
     def paths(self) -> Paths:

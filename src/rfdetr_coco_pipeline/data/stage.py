@@ -54,6 +54,14 @@ class Manifest:
         }
 
 
+def this_nodes_report(report: Path) -> Path:
+    """Where this node's staging report is: `report` itself (the rule's stage.json) on the first node of a job, and
+    `stage.node<N>.json` beside it on node N of a job on several nodes (SLURM_NODEID), each of which stages its own
+    RAM disk, so that the training tasks of every node read their own node's copy."""
+    node = os.environ.get("SLURM_NODEID", "0")
+    return report if node == "0" else report.with_name(f"{report.stem}.node{node}{report.suffix}")
+
+
 def path_order(relative: str) -> list[str]:
     """Sort key of a relative POSIX path: by its components, as `pathlib` orders paths ("a/x" before "a-b/x")."""
     return relative.split("/")

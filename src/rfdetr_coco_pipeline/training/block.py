@@ -15,9 +15,10 @@ from pathlib import Path
 from rfdetr_coco_pipeline.blocks import block_range
 from rfdetr_coco_pipeline.common import StageError, log, read_json, where_this_runs, write_json
 from rfdetr_coco_pipeline.data.dataset import reading_the_copy
+from rfdetr_coco_pipeline.data.stage import this_nodes_report
 from rfdetr_coco_pipeline.hooks import check_hooks
 from rfdetr_coco_pipeline.settings import Settings
-from rfdetr_coco_pipeline.training.ranks import is_main_rank
+from rfdetr_coco_pipeline.training.ranks import check_srun_tasks, is_main_rank
 from rfdetr_coco_pipeline.training.recipe import INIT_NOTE, recipe_id, run_recipe
 from rfdetr_coco_pipeline.training.resume import (
     check_previous_block,
@@ -53,12 +54,14 @@ class BlockJob:
 def train_block(settings: Settings, job: BlockJob, rfdetr_version: str) -> None:
     """Train `job`'s block (resuming where the run's state says), then write the block's outputs."""
     start, end = block_range(settings, job.block)
+    if settings.srun_launch:
+        check_srun_tasks(settings.recipe.gpus, settings.recipe.nodes)
     state_root = settings.paths.state
     configure_compile_cache(state_root)
     check_loggers(settings.train.loggers)
     check_hooks()
     route = settle_route(settings, rfdetr_version)
-    stage, copy_users = reading_the_copy(read_json(job.stage_report))  # held until this process ends
+    stage, copy_users = reading_the_copy(read_json(this_nodes_report(job.stage_report)))  # held until it ends
     log.info(INIT_NOTE)
 
     recipe = run_recipe(settings.recipe, route.profile, rfdetr_version)

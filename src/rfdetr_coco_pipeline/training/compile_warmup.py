@@ -54,7 +54,7 @@ def warmup_images(dataset: Path, recipe: dict[str, Any], route: Route) -> int:
     as the train stage computes it. A validation set of that size has that batch too (`eval_batch_size` maps its
     result to itself), so a compiled validation meets the graph training will use."""
     images = count_images(dataset / SOURCE_SPLIT)
-    return eval_batch_size(images, recipe["batch_size"], recipe["gpus"], route.batch_multiple)
+    return eval_batch_size(images, recipe["batch_size"], recipe["gpus"] * recipe.get("nodes", 1), route.batch_multiple)
 
 
 def write_warmup_dataset(source: Path, target: Path, images: int) -> int:
@@ -112,7 +112,7 @@ def warm_up(settings: Settings, dataset: Path, workers: int, rfdetr_version: str
         check_hooks()
         route = settle_route(settings, rfdetr_version)
         report: dict[str, Any] = {"profile": route.profile.name, "speedups": route.speedups.names()}
-        if reason := skip_reason(route, settings.recipe.gpus):
+        if reason := skip_reason(route, settings.recipe.ranks):
             log.info("Compile warm-up: nothing to compile (%s)", reason)
             return {"compiled": False, "reason": reason, **report}
         recipe = run_recipe(settings.recipe, route.profile, rfdetr_version)

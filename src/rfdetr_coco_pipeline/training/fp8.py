@@ -77,8 +77,8 @@ def route_problems(
         problems.append("set train.multi_scale: false (FP8 graphs need one fixed input shape)")
     if not recipe.square_resize_div_64:
         problems.append("set train.square_resize_div_64: true (FP8 graphs need one fixed input shape)")
-    if recipe.gpus != 1:
-        problems.append("set train.gpus: 1 (the FP8 graph route is single-GPU only)")
+    if recipe.ranks != 1:
+        problems.append("set train.gpus: 1 and train.nodes: 1 (the FP8 graph route is single-GPU only)")
     if te := te_problem():
         problems.append(te)
     return problems

@@ -1,8 +1,12 @@
-"""The processes of a training job: which one is the main rank, and how every one of them dies with the job.
+"""The processes of a training job: which one is the main rank, that SLURM started the ones the recipe trains on, and
+how every one of them dies with the job.
 
-The job's shell starts rank 0; Lightning starts the other ranks of a one-node DDP run (`train.gpus` > 1) as child
-processes of rank 0. When a scheduler cancels the job (scancel, a time limit), its SIGTERM ends the shell at once,
-and a rank that outlives its parent is reparented: a scheduler that tracks processes by parentage (SLURM's
+With Lightning's launch the job's shell starts rank 0, and Lightning starts the other ranks of a one-node DDP run
+(`train.gpus` > 1) as child processes of rank 0. With srun's launch SLURM starts every rank as a task of one job
+step, on every node, and ends them all with the step.
+
+When a scheduler cancels the job (scancel, a time limit), its SIGTERM ends the shell at once, and a rank that
+outlives its parent is reparented: a scheduler that tracks processes by parentage (SLURM's
 proctrack/linuxproc) no longer sees it, and ranks that stop at different steps wait for each other in a collective
 for ever. `die_with_parent` asks the kernel to kill a rank when its parent ends (PR_SET_PDEATHSIG): rank 0 when the
 job's shell does, the others when rank 0 does. The last finished epoch is saved every epoch, so nothing is lost that
@@ -13,7 +17,10 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import signal
+
+from rfdetr_coco_pipeline.common import StageError
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
@@ -33,3 +40,32 @@ def die_with_parent() -> bool:
     if os.getppid() != parent:  # the parent ended before the request took effect
         os.kill(os.getpid(), signal.SIGKILL)
     return True
+
+
+def tasks_per_node(layout: str) -> list[int]:
+    """SLURM's compressed tasks-per-node list ("2(x3),1": three nodes of 2 tasks, then one of 1), expanded."""
+    counts: list[int] = []
+    for count, repeat in re.findall(r"(\d+)(?:\(x(\d+)\))?", layout):
+        counts += [int(count)] * int(repeat or 1)
+    return counts
+
+
+def check_srun_tasks(gpus: int, nodes: int) -> None:
+    """Under srun's launch, before anything is built: StageError unless this process is a task of a SLURM job step
+    with `gpus` tasks on each of `nodes` nodes, naming what SLURM started and what the recipe asks. Lightning would
+    otherwise stop later with a message naming neither setting, or a rank short would leave the others waiting."""
+    if "SLURM_STEP_ID" not in os.environ or "SLURM_PROCID" not in os.environ:
+        raise StageError(
+            f"train.launch starts the training ranks with srun (train.nodes: {nodes}, train.gpus: {gpus}), but this "
+            "process was not started by srun. Run the workflow with the SLURM profile (snakemake --workflow-profile "
+            "profiles/slurm), or set train.nodes: 1 and train.launch: lightning."
+        )
+    layout = tasks_per_node(os.environ.get("SLURM_STEP_TASKS_PER_NODE", os.environ.get("SLURM_TASKS_PER_NODE", "")))
+    if layout != [gpus] * nodes:
+        started = ", ".join(map(str, layout)) or "none"
+        raise StageError(
+            f"SLURM started {sum(layout)} task(s) on {len(layout)} node(s) (tasks per node: {started}), but the recipe "
+            f"trains on {gpus} GPU(s) on each of {nodes} node(s) (train.gpus: {gpus}, train.nodes: {nodes}). Ask "
+            f"for --nodes={nodes} --ntasks-per-node={gpus}, as the train_block rule's resources do, and leave the "
+            "task layout of the SLURM profile's train_block to them."
+        )

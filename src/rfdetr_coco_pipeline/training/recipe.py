@@ -14,7 +14,7 @@ from typing import Any
 
 from rfdetr_coco_pipeline.settings import GpuProfile, Recipe
 
-SCALED_BY_GPUS = ("lr", "lr_encoder")  # multiplied by the GPU count when lr_scaling is linear
+SCALED_BY_GPUS = ("lr", "lr_encoder")  # multiplied by the GPU count of all nodes when lr_scaling is linear
 
 INIT_NOTE = (
     "Initialisation: pretrain_weights=None, so no released detector checkpoint is loaded. For Nano (patch 16, "
@@ -26,7 +26,7 @@ INIT_NOTE = (
 
 def run_recipe(recipe: Recipe, profile: GpuProfile, rfdetr: str) -> dict[str, Any]:
     """Every setting that shapes the trained weights; `lr_scaling` is folded into the learning rates."""
-    values = recipe.model_dump()
+    values = recipe.values()
     return {
         "model": "RFDETRNano",
         "pretrain_weights": None,

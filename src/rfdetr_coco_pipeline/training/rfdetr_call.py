@@ -79,7 +79,7 @@ def train_kwargs(
     TensorBoard writes into the state folder, so one run spans the blocks; W&B and MLflow name each block's run
     after the recipe id."""
     val_images = count_images(dataset / "val2017")
-    gpus = recipe["gpus"]
+    gpus, nodes = recipe["gpus"], recipe.get("nodes", 1)  # `nodes` is in the recipe only when above 1
     kwargs: dict[str, Any] = dict(
         dataset_file="coco",
         dataset_dir=str(dataset),
@@ -99,7 +99,7 @@ def train_kwargs(
         multi_scale=recipe["multi_scale"],
         square_resize_div_64=recipe["square_resize_div_64"],
         eval_interval=recipe["eval_interval"],
-        eval_batch_size=eval_batch_size(val_images, recipe["batch_size"], gpus, route.batch_multiple),
+        eval_batch_size=eval_batch_size(val_images, recipe["batch_size"], gpus * nodes, route.batch_multiple),
         # last.ckpt is written every epoch only while checkpoint_interval > 1; the interval archives are not
         # needed (each block keeps its own checkpoint), so write at most one.
         checkpoint_interval=max(2, recipe["epochs"]),
@@ -112,8 +112,8 @@ def train_kwargs(
     log.info("Validation batch: %d images", kwargs["eval_batch_size"])
     if route.device.kind == "cpu":
         kwargs["device"] = "cpu"
-    if gpus > 1:  # Lightning DDP, one process per device (on the CPU: gloo)
-        kwargs.update(devices=gpus, strategy="ddp")
+    if gpus * nodes > 1:  # Lightning DDP, one process per device (on the CPU: gloo)
+        kwargs.update(devices=gpus, strategy="ddp", **({"num_nodes": nodes} if nodes > 1 else {}))
     return kwargs
 
 
@@ -143,18 +143,22 @@ def set_host_threads(threads: int, device_kind: str, ranks: int = 1) -> None:
     log.info("Host threads of the training process: %d", torch.get_num_threads())
 
 
-def trainer_plugins_for(gpus: int) -> list[Any]:
+def trainer_plugins_for(settings: Settings) -> list[Any]:
     """The Lightning plugins the workflow adds to rfdetr's Trainer: checkpoints written durably
-    (`checkpoints.DurableCheckpointIO`), and for several GPUs of one node the environment in which Lightning starts
-    the other ranks itself (inside a SLURM job Lightning expects `srun` to have started one task per GPU; a job of
-    this workflow starts one process). None when the `trainer_plugins` hook is off."""
-    from lightning_fabric.plugins.environments import LightningEnvironment
+    (`checkpoints.DurableCheckpointIO`), and for several ranks the cluster environment that says who started them.
+    Lightning's launch: the environment in which Lightning starts the other ranks itself (inside a SLURM job it
+    would otherwise expect srun to have started one task per GPU). srun's launch: SLURM's, which takes each task's
+    rank from SLURM_PROCID and SLURM_LOCALID, without Lightning's own requeue: a warned job stops, and Snakemake
+    resubmits it (docs/cluster.md). None when the `trainer_plugins` hook is off."""
+    from lightning_fabric.plugins.environments import LightningEnvironment, SLURMEnvironment
 
     from rfdetr_coco_pipeline.training.checkpoints import DurableCheckpointIO
 
     if hook_off_reason("trainer_plugins"):
         return []
-    return [DurableCheckpointIO(), *([LightningEnvironment()] if gpus > 1 else [])]
+    if settings.srun_launch:
+        return [DurableCheckpointIO(), SLURMEnvironment(auto_requeue=False)]
+    return [DurableCheckpointIO(), *([LightningEnvironment()] if settings.recipe.gpus > 1 else [])]
 
 
 def fp8_validation(settings: Settings, route: Route, kwargs: Mapping[str, Any]) -> Any:
@@ -163,7 +167,7 @@ def fp8_validation(settings: Settings, route: Route, kwargs: Mapping[str, Any]) 
     if route.profile.precision != "fp8":
         return nullcontext()
     images = count_images(Path(kwargs["dataset_dir"]) / "val2017")
-    last = last_batch_off_the_rule(images, kwargs["eval_batch_size"], settings.recipe.gpus, route.batch_multiple)
+    last = last_batch_off_the_rule(images, kwargs["eval_batch_size"], settings.recipe.ranks, route.batch_multiple)
     if not last:
         return nullcontext()
     log.info("The last validation batch (%d per GPU) breaks the FP8 layers' rule: it runs without FP8", last)
@@ -198,7 +202,7 @@ def run_rfdetr(settings: Settings, route: Route, kwargs: dict[str, Any], end: in
     workflow_callbacks = [StopOnNonFiniteLoss(), StopAtBlockEnd(end), epoch_log]
     # The always-on hooks pass the gate before any speedup is in place: a speedup that wraps one of their targets
     # (checkpoints_in_background wraps build_trainer) must not read to the gate as a changed release.
-    plugins, odd_validation_batch = trainer_plugins_for(gpus), fp8_validation(settings, route, kwargs)
+    plugins, odd_validation_batch = trainer_plugins_for(settings), fp8_validation(settings, route, kwargs)
     try:
         with (
             applied(route.speedups, settings.train) as speedup_callbacks,

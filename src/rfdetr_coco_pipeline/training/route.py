@@ -45,10 +45,10 @@ def cuda_graphs_off_reason(profile: GpuProfile, recipe: Recipe, static_graphs: b
     fixed input shape. Without the `static_cuda_graphs` speedup rfdetr compiles for dynamic shapes when they are on,
     which the reference notebook does only at batches up to 16."""
     fixed_shape = not recipe.multi_scale and recipe.square_resize_div_64
-    if not (recipe.gpus == 1 and recipe.grad_accum_steps == 1 and fixed_shape):
+    if not (recipe.ranks == 1 and recipe.grad_accum_steps == 1 and fixed_shape):
         return (
-            "CUDA graph replay needs train.gpus: 1, train.grad_accum_steps: 1, train.multi_scale: false and "
-            "train.square_resize_div_64: true"
+            "CUDA graph replay needs train.gpus: 1, train.nodes: 1, train.grad_accum_steps: 1, "
+            "train.multi_scale: false and train.square_resize_div_64: true"
         )
     if profile.compile and not static_graphs and profile.batch_size > 16:
         return (
