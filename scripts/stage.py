@@ -5,7 +5,7 @@ import argparse
 from pathlib import Path
 
 from rfdetr_coco_pipeline.common import run_stage, write_json
-from rfdetr_coco_pipeline.data.stage import stage_dataset
+from rfdetr_coco_pipeline.data.stage import stage_dataset, this_nodes_report
 from rfdetr_coco_pipeline.settings import job_settings
 
 
@@ -18,7 +18,7 @@ def main() -> None:
     stage = job_settings().stage
     headroom = int(stage.headroom_gb * 2**30)
     report = stage_dataset(args.source, stage.ramdisk, stage.subdir, headroom, stage.enabled, args.workers)
-    write_json(args.report, report)
+    write_json(this_nodes_report(args.report), report)
 
 
 if __name__ == "__main__":
