@@ -1,15 +1,20 @@
 # Staging runs inside each training job, not as a job of its own: /dev/shm belongs to the node that
 # trains (and a reboot empties it), so only the training job can know the copy is there.
 # With srun's launch, srun stages once on every node of the job, then starts one training task per GPU; a task
-# that fails ends the others (--kill-on-bad-exit), rather than leaving them waiting for it.
+# that fails ends the others (--kill-on-bad-exit), rather than leaving them waiting for it. Each srun names its
+# layout: the SLURM plugin clears the allocation's task settings from the job's environment.
+LAYOUT = SETTINGS.recipe
 STAGE_ON_EVERY_NODE = (
-    "{resources.mpi} --nodes={resources.nodes} --ntasks={resources.nodes} --ntasks-per-node=1 "
-    "--cpus-per-task=$SLURM_CPUS_ON_NODE "
+    f"{{resources.mpi}} --nodes={LAYOUT.nodes} --ntasks={LAYOUT.nodes} --ntasks-per-node=1 "
+    "--cpus-per-task={resources.cpus_per_task} "
     if SETTINGS.srun_launch
     else ""
 )
 RANKS_ON_EVERY_NODE = (
-    "{resources.mpi} --kill-on-bad-exit=1 " if SETTINGS.srun_launch else ""
+    f"{{resources.mpi}} --nodes={LAYOUT.nodes} --ntasks={LAYOUT.ranks} --ntasks-per-node={LAYOUT.gpus} "
+    "--cpus-per-task={resources.cpus_per_task} --kill-on-bad-exit=1 "
+    if SETTINGS.srun_launch
+    else ""
 )
 
 

@@ -5,6 +5,7 @@ job, and a training job cancelled mid-block is resubmitted and resumes."""
 from __future__ import annotations
 
 import contextlib
+import csv
 import json
 import os
 import re
@@ -274,3 +275,78 @@ def test_the_workflow_runs_through_sbatch_and_a_training_job_cancelled_mid_block
     assert "GLOBAL_RANK: 0, MEMBER: 1/2" in log and "GLOBAL_RANK: 1, MEMBER: 2/2" in log
     assert "Host threads of the training process: 1" in log and "training process: 2" not in log
     assert run["recipe"]["gpus"] == 2 and run["recipe"]["lr"] == pytest.approx(2e-4)  # lr_scaling: linear
+
+
+@pytest.mark.parametrize(
+    ("partition", "gpus", "nodes"),
+    [(PARTITION, 2, 1), ("two", 1, 2)],
+    ids=["two-tasks-on-one-node", "one-task-on-each-of-two-nodes"],
+)
+def test_training_tasks_started_by_srun_are_cancelled_mid_epoch_and_the_resubmitted_job_resumes(
+    slurm, workdir, server, archives, tmp_path, partition, gpus, nodes
+):
+    """srun's launch (`train.launch: srun` on one node, `auto` on two: each its own slurmd here): the job asks SLURM
+    for a task per GPU on every node, srun stages once per node and starts the ranks (Lightning's SLURM environment
+    takes them from SLURM_PROCID); scancel mid-epoch ends every task, and the job Snakemake submits again resumes,
+    each epoch once in the metrics."""
+    launch = "srun" if nodes == 1 else "auto"
+    config = tiny_config(workdir, server.url, archives, epochs=3, epochs_per_block=3, gpus=gpus, launch=launch)
+    config["train"]["nodes"] = nodes
+    write_config(workdir, config)
+    assert run_snakemake(workdir, "results/verify/dataset.json").returncode == 0  # the data, on this machine
+    before = set(slurm_jobs())
+    profile_folder = slurm_test_profile(tmp_path)
+    profile_file = profile_folder / "config.yaml"
+    profile = yaml.safe_load(profile_file.read_text())
+    profile["set-resources"]["train_block"]["slurm_partition"] = partition
+    profile_file.write_text(yaml.safe_dump(profile))
+    command = [c for c in snakemake_command(workdir) if c not in ("--cores", "2")]
+    block = "results/train/block_01/run.json"
+    state = workdir / "results" / "train" / "state"
+    with open(workdir / "snakemake.out", "w") as output:
+        snakemake = subprocess.Popen(
+            [*command, "--workflow-profile", str(profile_folder), block],
+            cwd=workdir,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        wait_for_file(snakemake, "*/last.ckpt", state)  # epoch 1 is saved: the cancel lands in epoch 2 or 3
+        (job_id,) = [i for i, j in slurm_jobs().items() if i not in before and "train_block" in j["Comment"]]
+        ranks = training_ranks_of_job(job_id)
+        assert len(ranks) == 2  # both started by srun: neither is the other's parent
+        assert {r.ppid() for r in ranks}.isdisjoint({r.pid for r in ranks})
+        subprocess.run(["scancel", job_id], check=True)
+        try:
+            deadline = time.time() + 120
+            while training_ranks_of_job(job_id) and time.time() < deadline:
+                time.sleep(0.5)
+            assert training_ranks_of_job(job_id) == []  # no task outlives the cancelled job, on any node
+            assert snakemake.wait(timeout=900) == 0, (workdir / "snakemake.out").read_text()[-5000:]
+        finally:
+            for process in processes_of_job(job_id):
+                with contextlib.suppress(psutil.Error):
+                    process.kill()
+    jobs = {i: j for i, j in slurm_jobs().items() if i not in before and "train_block" in j["Comment"]}
+    assert [j["JobState"] for _, j in sorted(jobs.items(), key=lambda item: int(item[0]))] == ["CANCELLED", "COMPLETED"]
+    resubmitted_id = max(jobs, key=int)
+    resubmitted = jobs[resubmitted_id]
+    assert (resubmitted["NumNodes"], resubmitted["NumTasks"]) == (str(nodes), "2")
+    log = (workdir / "results" / "logs" / "train" / "block_01.log").read_text()
+    assert "resuming the interrupted block" in log
+    assert "GLOBAL_RANK: 0, MEMBER: 1/2" in log and "GLOBAL_RANK: 1, MEMBER: 2/2" in log
+    run = json.loads((workdir / "results" / "train" / "block_01" / "run.json").read_text())
+    assert run["recipe"].get("nodes", 1) == nodes and run["recipe"]["lr"] == pytest.approx(2e-4)  # 2 GPUs in all
+    # one metrics history: each epoch once, in order
+    rows = list(csv.DictReader(open(workdir / "results" / "train" / "block_01" / "metrics.csv")))
+    epochs = [int(row["epoch"]) for row in rows if row.get("val/loss") or row.get("val/mAP_50_95")]
+    assert sorted(set(epochs)) == [0, 1, 2] and len(epochs) == len(set(epochs)), epochs
+    # staging ran once on every node of the job that trained, each node writing its own report
+    stage_log = (workdir / "results" / "logs" / "train" / "block_01.stage.log").read_text()
+    assert len(re.findall(r"Staging \d+ files|Reusing the staged copy", stage_log)) == nodes, stage_log
+    folder = workdir / "results" / "train" / "block_01"
+    reports = [folder / "stage.json", *(folder / f"stage.node{n}.json" for n in range(1, nodes))]
+    staged_on = [json.loads(report.read_text()) for report in reports]
+    assert {s["slurm_job_id"] for s in staged_on} == {resubmitted_id}
+    assert len({s["slurm_node"] for s in staged_on}) == nodes
+    assert not (folder / f"stage.node{nodes}.json").exists()

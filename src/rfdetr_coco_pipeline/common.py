@@ -49,8 +49,13 @@ def size(n_bytes: float) -> str:
 
 
 def where_this_runs() -> dict[str, str | None]:
-    """Host and SLURM job of this process: staging and training must share both (a RAM disk is per node)."""
-    return {"host": socket.gethostname(), "slurm_job_id": os.environ.get("SLURM_JOB_ID")}
+    """Host, SLURM job and SLURM node of this process: staging and training must share them (a RAM disk is per
+    node)."""
+    return {
+        "host": socket.gethostname(),
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "slurm_node": os.environ.get("SLURMD_NODENAME"),
+    }
 
 
 def write_json(path: str | os.PathLike[str], data: Any) -> None:

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Start a one-node SLURM cluster on this machine for the cluster tests: Debian's slurmctld, slurmd, slurm-client and munge, with a
-# fake `gpu` GRES (2 GPUs that are not there). Needs root; installs the packages when they are missing, writes
+# Start a SLURM cluster on this machine for the cluster tests: Debian's slurmctld, slurmd, slurm-client and munge.
+# Two nodes, each its own slurmd (its own port, spool folder and log) on this one host: $host, with a fake `gpu` GRES
+# (2 GPUs that are not there), alone in the default partition `debug`; and $host-2, which joins it in the partition
+# `two` for the tests that span two nodes. Needs root; installs the packages when they are missing, writes
 # /etc/slurm/slurm.conf and gres.conf, and /etc/munge/munge.key when there is none.
 # Idempotent: a cluster that already answers is left alone. Prints why, and exits 0, when it cannot start
 # one; the SLURM tests then skip with that reason. It stops no daemon it did not start. The PIDs of the daemons it
@@ -27,7 +29,7 @@ host=$(hostname -s)
 cpus=$(nproc)
 mem=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 - 1024 ))
 rm -rf "$state/backup"
-mkdir -p "$state"/{ctld,slurmd,log,backup} /etc/slurm /run/munge /var/log/munge /var/lib/munge
+mkdir -p "$state"/{ctld,slurmd-$host,slurmd-$host-2,log,backup} /etc/slurm /run/munge /var/log/munge /var/lib/munge
 # What this script writes under /etc, so that the tests can put it back when they end: a file that was there is
 # copied to $state/backup first, one that was not is listed in $state/created.files.
 created="$state/created.files"
@@ -52,11 +54,11 @@ SlurmctldHost=$host
 SlurmUser=root
 AuthType=auth/munge
 StateSaveLocation=$state/ctld
-SlurmdSpoolDir=$state/slurmd
+SlurmdSpoolDir=$state/slurmd-%n
 SlurmctldPidFile=$state/slurmctld.pid
-SlurmdPidFile=$state/slurmd.pid
+SlurmdPidFile=$state/slurmd-%n.pid
 SlurmctldLogFile=$state/log/slurmctld.log
-SlurmdLogFile=$state/log/slurmd.log
+SlurmdLogFile=$state/log/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SchedulerType=sched/backfill
@@ -68,8 +70,10 @@ MinJobAge=3600
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 SchedulerParameters=sched_interval=1
-NodeName=$host CPUs=$cpus RealMemory=$mem Gres=gpu:2 State=UNKNOWN
-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+NodeName=$host NodeAddr=127.0.0.1 Port=6818 CPUs=$cpus RealMemory=$mem Gres=gpu:2 State=UNKNOWN
+NodeName=$host-2 NodeHostname=$host NodeAddr=127.0.0.1 Port=6819 CPUs=$cpus RealMemory=$mem State=UNKNOWN
+PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP
+PartitionName=two Nodes=$host,$host-2 MaxTime=INFINITE State=UP
 CONF
 # Two stand-in device files: slurmd counts a gpu GRES by its File entries.
 for i in 0 1; do [ -e "$state/gpu$i" ] || mknod "$state/gpu$i" c 1 3 2>/dev/null || touch "$state/gpu$i"; done
@@ -81,20 +85,22 @@ CONF
 ours() { local pid; pid=$(cat "$2" 2>/dev/null) || return 1; [ "$(ps -o comm= -p "$pid" 2>/dev/null)" = "$1" ] && echo "$pid"; }
 # Daemons an earlier run of this script started and left behind (not answering, or `ready` would have said so)
 # are stopped by their PID; daemons of anyone else are left alone (slurmctld then cannot start and says why).
-for daemon in slurmd slurmctld; do
-  if pid=$(ours "$daemon" "$state/$daemon.pid"); then
+pidfiles="slurmd:$state/slurmd-$host.pid slurmd:$state/slurmd-$host-2.pid slurmctld:$state/slurmctld.pid"
+for entry in $pidfiles; do
+  daemon=${entry%%:*}; file=${entry#*:}
+  if pid=$(ours "$daemon" "$file"); then
     kill "$pid"
     for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
   fi
-  rm -f "$state/$daemon.pid"
+  rm -f "$file"
 done
 slurmctld -c -i || echo "slurmctld did not start"
 sleep 1
-slurmd || echo "slurmd did not start"
+for node in "$host" "$host-2"; do slurmd -N "$node" || echo "slurmd of $node did not start"; done
 sleep 0.5
-for daemon in slurmctld slurmd; do ours "$daemon" "$state/$daemon.pid" >> "$started" || true; done
+for entry in $pidfiles; do ours "${entry%%:*}" "${entry#*:}" >> "$started" || true; done
 for _ in $(seq 30); do
-  if ready; then sinfo; exit 0; fi
+  if [ "$(sinfo -h -N -o %T | grep -c -E '^(idle|mixed|allocated)')" -ge 2 ]; then sinfo; exit 0; fi
   sleep 1
 done
 echo "SLURM did not come up; see $state/log"; tail -n 5 "$state"/log/*.log; exit 0
