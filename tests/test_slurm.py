@@ -278,17 +278,18 @@ def test_the_workflow_runs_through_sbatch_and_a_training_job_cancelled_mid_block
 
 
 @pytest.mark.parametrize(
-    ("partition", "gpus", "nodes"),
-    [(PARTITION, 2, 1), ("two", 1, 2)],
-    ids=["two-tasks-on-one-node", "one-task-on-each-of-two-nodes"],
+    ("partition", "gpus", "nodes", "stop"),
+    [(PARTITION, 2, 1, "warning"), ("two", 1, 2, "cancel")],
+    ids=["two-tasks-on-one-node-warned", "one-task-on-each-of-two-nodes-cancelled"],
 )
-def test_training_tasks_started_by_srun_are_cancelled_mid_epoch_and_the_resubmitted_job_resumes(
-    slurm, workdir, server, archives, tmp_path, partition, gpus, nodes
+def test_training_tasks_started_by_srun_stopped_mid_epoch_are_resumed_by_the_resubmitted_job(
+    slurm, workdir, server, archives, tmp_path, partition, gpus, nodes, stop
 ):
     """srun's launch (`train.launch: srun` on one node, `auto` on two: each its own slurmd here): the job asks SLURM
     for a task per GPU on every node, srun stages once per node and starts the ranks (Lightning's SLURM environment
-    takes them from SLURM_PROCID); scancel mid-epoch ends every task, and the job Snakemake submits again resumes,
-    each epoch once in the metrics."""
+    takes them from SLURM_PROCID). Stopped mid-epoch, by the SIGTERM SLURM sends as a time limit's or a
+    preemption's warning (the profile's --signal; here `scancel --signal=TERM`) or by scancel, every task ends, and
+    the job Snakemake submits again resumes, each epoch once in the metrics."""
     launch = "srun" if nodes == 1 else "auto"
     config = tiny_config(workdir, server.url, archives, epochs=3, epochs_per_block=3, gpus=gpus, launch=launch)
     config["train"]["nodes"] = nodes
@@ -316,7 +317,7 @@ def test_training_tasks_started_by_srun_are_cancelled_mid_epoch_and_the_resubmit
         ranks = training_ranks_of_job(job_id)
         assert len(ranks) == 2  # both started by srun: neither is the other's parent
         assert {r.ppid() for r in ranks}.isdisjoint({r.pid for r in ranks})
-        subprocess.run(["scancel", job_id], check=True)
+        subprocess.run(["scancel", *(["--signal=TERM"] if stop == "warning" else []), job_id], check=True)
         try:
             deadline = time.time() + 120
             while training_ranks_of_job(job_id) and time.time() < deadline:
@@ -328,8 +329,12 @@ def test_training_tasks_started_by_srun_are_cancelled_mid_epoch_and_the_resubmit
                 with contextlib.suppress(psutil.Error):
                     process.kill()
     jobs = {i: j for i, j in slurm_jobs().items() if i not in before and "train_block" in j["Comment"]}
-    assert [j["JobState"] for _, j in sorted(jobs.items(), key=lambda item: int(item[0]))] == ["CANCELLED", "COMPLETED"]
-    resubmitted_id = max(jobs, key=int)
+    stopped_id, resubmitted_id = sorted(jobs, key=int)
+    stopped_state = "FAILED" if stop == "warning" else "CANCELLED"  # warned: the ranks stop at the next step
+    assert (jobs[stopped_id]["JobState"], jobs[resubmitted_id]["JobState"]) == (stopped_state, "COMPLETED")
+    if stop == "warning":
+        slurm_log = workdir / ".snakemake" / "slurm_logs" / "rule_train_block" / "block_01" / f"{stopped_id}.log"
+        assert "Training was stopped by SIGTERM. The last completed epoch is saved" in slurm_log.read_text()
     resubmitted = jobs[resubmitted_id]
     assert (resubmitted["NumNodes"], resubmitted["NumTasks"]) == (str(nodes), "2")
     log = (workdir / "results" / "logs" / "train" / "block_01.log").read_text()
