@@ -1,6 +1,7 @@
-"""The SLURM profile against a real one-node SLURM (Debian's SLURM packages and munge, a fake `gpu` GRES), started
-by tests/slurm/start.sh: the jobs go through sbatch with the expected requests, staging and training share a
-job, and a training job cancelled mid-block is resubmitted and resumes."""
+"""The SLURM profile against a real SLURM of two nodes on this machine (Debian's SLURM packages and munge, a fake
+`gpu` GRES), started by tests/slurm/start.sh: the jobs go through sbatch with the expected requests, staging and
+training share a job, a training job cancelled mid-block is resubmitted and resumes, and training tasks started by
+srun span one node or two."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ DAEMONS = ("munged", "slurmctld", "slurmd")  # what start.sh starts
 
 @pytest.fixture(scope="module")
 def slurm() -> Iterator[None]:
-    """A one-node SLURM for this module (tests/slurm/start.sh). However it ends (started, or not started after some
+    """A two-node SLURM for this module (tests/slurm/start.sh). However it ends (started, or not started after some
     of its daemons did), the daemons it started are stopped and /etc is put back."""
     try:
         started = subprocess.run(["bash", str(REPO / "tests" / "slurm" / "start.sh")], capture_output=True, text=True)
