@@ -292,7 +292,7 @@ def test_training_tasks_started_by_srun_stopped_mid_epoch_are_resumed_by_the_res
     preemption's warning (the profile's --signal; here `scancel --signal=TERM`) or by scancel, every task ends, and
     the job Snakemake submits again resumes, each epoch once in the metrics."""
     launch = "srun" if nodes == 1 else "auto"
-    config = tiny_config(workdir, server.url, archives, epochs=3, epochs_per_block=3, gpus=gpus, launch=launch)
+    config = tiny_config(workdir, server.url, archives, epochs=2, epochs_per_block=2, gpus=gpus, launch=launch)
     config["train"]["nodes"] = nodes
     write_config(workdir, config)
     assert run_snakemake(workdir, "results/verify/dataset.json").returncode == 0  # the data, on this machine
@@ -313,7 +313,7 @@ def test_training_tasks_started_by_srun_stopped_mid_epoch_are_resumed_by_the_res
             stderr=subprocess.STDOUT,
             text=True,
         )
-        wait_for_file(snakemake, "*/last.ckpt", state)  # epoch 1 is saved: the cancel lands in epoch 2 or 3
+        wait_for_file(snakemake, "*/last.ckpt", state)  # epoch 1 is saved: the stop lands in epoch 2
         (job_id,) = [i for i, j in slurm_jobs().items() if i not in before and "train_block" in j["Comment"]]
         ranks = training_ranks_of_job(job_id)
         assert len(ranks) == 2  # both started by srun: neither is the other's parent
@@ -346,7 +346,7 @@ def test_training_tasks_started_by_srun_stopped_mid_epoch_are_resumed_by_the_res
     # one metrics history: each epoch once, in order
     rows = list(csv.DictReader(open(workdir / "results" / "train" / "block_01" / "metrics.csv")))
     epochs = [int(row["epoch"]) for row in rows if row.get("val/loss") or row.get("val/mAP_50_95")]
-    assert sorted(set(epochs)) == [0, 1, 2] and len(epochs) == len(set(epochs)), epochs
+    assert sorted(set(epochs)) == [0, 1] and len(epochs) == len(set(epochs)), epochs
     # staging ran once on every node of the job that trained, each node writing its own report
     stage_log = (workdir / "results" / "logs" / "train" / "block_01.stage.log").read_text()
     assert len(re.findall(r"Staging \d+ files|Reusing the staged copy", stage_log)) == nodes, stage_log

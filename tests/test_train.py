@@ -62,6 +62,7 @@ CHANGED = {  # another value for every recipe setting; lr_scaling changes the re
     "eval_interval": 2,
     "gpus": 2,
     "lr_scaling": "none",
+    "nodes": 2,
 }
 
 
