@@ -3,15 +3,15 @@
 # With srun's launch, srun stages once on every node of the job, then starts one training task per GPU; a task
 # that fails ends the others (--kill-on-bad-exit), rather than leaving them waiting for it. Each srun names its
 # layout: the SLURM plugin clears the allocation's task settings from the job's environment.
-LAYOUT = SETTINGS.recipe
+NODES, GPUS = SETTINGS.recipe.nodes, SETTINGS.recipe.gpus
 STAGE_ON_EVERY_NODE = (
-    f"{{resources.mpi}} --nodes={LAYOUT.nodes} --ntasks={LAYOUT.nodes} --ntasks-per-node=1 "
+    f"{{resources.mpi}} --nodes={NODES} --ntasks={NODES} --ntasks-per-node=1 "
     "--cpus-per-task={resources.cpus_per_task} "
     if SETTINGS.srun_launch
     else ""
 )
 RANKS_ON_EVERY_NODE = (
-    f"{{resources.mpi}} --nodes={LAYOUT.nodes} --ntasks={LAYOUT.ranks} --ntasks-per-node={LAYOUT.gpus} "
+    f"{{resources.mpi}} --nodes={NODES} --ntasks={NODES * GPUS} --ntasks-per-node={GPUS} "
     "--cpus-per-task={resources.cpus_per_task} --kill-on-bad-exit=1 "
     if SETTINGS.srun_launch
     else ""
