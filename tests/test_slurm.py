@@ -23,7 +23,7 @@ import yaml
 from tests.helpers.workflow import REPO, run_snakemake, snakemake_command, tiny_config, wait_for_file, write_config
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
-PARTITION = "debug"  # the test cluster's only partition
+PARTITION = "debug"  # the test cluster's default partition: its first node alone
 
 
 def slurm_ready() -> bool:
@@ -278,29 +278,24 @@ def test_the_workflow_runs_through_sbatch_and_a_training_job_cancelled_mid_block
     assert run["recipe"]["gpus"] == 2 and run["recipe"]["lr"] == pytest.approx(2e-4)  # lr_scaling: linear
 
 
-@pytest.mark.parametrize(
-    ("partition", "gpus", "nodes", "stop"),
-    [(PARTITION, 2, 1, "warning"), ("two", 1, 2, "cancel")],
-    ids=["two-tasks-on-one-node-warned", "one-task-on-each-of-two-nodes-cancelled"],
-)
-def test_training_tasks_started_by_srun_stopped_mid_epoch_are_resumed_by_the_resubmitted_job(
-    slurm, workdir, server, archives, tmp_path, partition, gpus, nodes, stop
+def test_training_tasks_on_two_nodes_warned_mid_epoch_stop_and_the_resubmitted_job_resumes(
+    slurm, workdir, server, archives, tmp_path
 ):
-    """srun's launch (`train.launch: srun` on one node, `auto` on two: each its own slurmd here): the job asks SLURM
-    for a task per GPU on every node, srun stages once per node and starts the ranks (Lightning's SLURM environment
-    takes them from SLURM_PROCID). Stopped mid-epoch, by the SIGTERM SLURM sends as a time limit's or a
-    preemption's warning (the profile's --signal; here `scancel --signal=TERM`) or by scancel, every task ends, and
-    the job Snakemake submits again resumes, each epoch once in the metrics."""
-    launch = "srun" if nodes == 1 else "auto"
-    config = tiny_config(workdir, server.url, archives, epochs=2, epochs_per_block=2, gpus=gpus, launch=launch)
-    config["train"]["nodes"] = nodes
+    """`train.nodes: 2` (srun's launch, `train.launch: auto`), on two nodes of this machine, each its own slurmd: the
+    job asks SLURM for a task on each node, srun stages once per node and starts the ranks (Lightning's SLURM
+    environment takes them from SLURM_PROCID). Warned mid-epoch by the SIGTERM SLURM sends before a time limit or a
+    preemption (the profile's --signal; here `scancel --signal=TERM`), every task stops at its next step, the job
+    fails, and the job Snakemake submits again resumes, each epoch once in the metrics. (A one-node run through srun,
+    `train.launch: srun`, takes the same path with --nodes=1.)"""
+    nodes = 2
+    config = tiny_config(workdir, server.url, archives, epochs=2, epochs_per_block=2, gpus=1, nodes=nodes)
     write_config(workdir, config)
     assert run_snakemake(workdir, "results/verify/dataset.json").returncode == 0  # the data, on this machine
     before = set(slurm_jobs())
     profile_folder = slurm_test_profile(tmp_path)
     profile_file = profile_folder / "config.yaml"
     profile = yaml.safe_load(profile_file.read_text())
-    profile["set-resources"]["train_block"]["slurm_partition"] = partition
+    profile["set-resources"]["train_block"]["slurm_partition"] = "two"  # both nodes
     profile_file.write_text(yaml.safe_dump(profile))
     command = [c for c in snakemake_command(workdir) if c not in ("--cores", "2")]
     block = "results/train/block_01/run.json"
@@ -318,12 +313,12 @@ def test_training_tasks_started_by_srun_stopped_mid_epoch_are_resumed_by_the_res
         ranks = training_ranks_of_job(job_id)
         assert len(ranks) == 2  # both started by srun: neither is the other's parent
         assert {r.ppid() for r in ranks}.isdisjoint({r.pid for r in ranks})
-        subprocess.run(["scancel", *(["--signal=TERM"] if stop == "warning" else []), job_id], check=True)
+        subprocess.run(["scancel", "--signal=TERM", job_id], check=True)
         try:
             deadline = time.time() + 120
             while training_ranks_of_job(job_id) and time.time() < deadline:
                 time.sleep(0.5)
-            assert training_ranks_of_job(job_id) == []  # no task outlives the cancelled job, on any node
+            assert training_ranks_of_job(job_id) == []  # every task stopped, on both nodes
             assert snakemake.wait(timeout=900) == 0, (workdir / "snakemake.out").read_text()[-5000:]
         finally:
             for process in processes_of_job(job_id):
@@ -331,11 +326,9 @@ def test_training_tasks_started_by_srun_stopped_mid_epoch_are_resumed_by_the_res
                     process.kill()
     jobs = {i: j for i, j in slurm_jobs().items() if i not in before and "train_block" in j["Comment"]}
     stopped_id, resubmitted_id = sorted(jobs, key=int)
-    stopped_state = "FAILED" if stop == "warning" else "CANCELLED"  # warned: the ranks stop at the next step
-    assert (jobs[stopped_id]["JobState"], jobs[resubmitted_id]["JobState"]) == (stopped_state, "COMPLETED")
-    if stop == "warning":
-        slurm_log = workdir / ".snakemake" / "slurm_logs" / "rule_train_block" / "block_01" / f"{stopped_id}.log"
-        assert "Training was stopped by SIGTERM. The last completed epoch is saved" in slurm_log.read_text()
+    assert (jobs[stopped_id]["JobState"], jobs[resubmitted_id]["JobState"]) == ("FAILED", "COMPLETED")
+    slurm_log = workdir / ".snakemake" / "slurm_logs" / "rule_train_block" / "block_01" / f"{stopped_id}.log"
+    assert "Training was stopped by SIGTERM. The last completed epoch is saved" in slurm_log.read_text()
     resubmitted = jobs[resubmitted_id]
     assert (resubmitted["NumNodes"], resubmitted["NumTasks"]) == (str(nodes), "2")
     log = (workdir / "results" / "logs" / "train" / "block_01.log").read_text()
