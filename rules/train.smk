@@ -11,7 +11,7 @@ STAGE_ON_EVERY_NODE = (
     else ""
 )
 RANKS_ON_EVERY_NODE = (
-    f"{{resources.mpi}} --nodes={NODES} --ntasks={NODES * GPUS} --ntasks-per-node={GPUS} "
+    f"{{resources.mpi}} --nodes={NODES} --ntasks={SETTINGS.recipe.ranks} --ntasks-per-node={GPUS} "
     "--cpus-per-task={resources.cpus_per_task} --kill-on-bad-exit=1 "
     if SETTINGS.srun_launch
     else ""

@@ -12,7 +12,7 @@ from rfdetr_coco_pipeline.config_check import config_errors, load_schema
 from rfdetr_coco_pipeline.data.stage import this_nodes_report
 from rfdetr_coco_pipeline.needs import training_launch_resources
 from rfdetr_coco_pipeline.settings import Settings
-from rfdetr_coco_pipeline.training.ranks import check_srun_tasks, tasks_per_node
+from rfdetr_coco_pipeline.training.ranks import check_srun_tasks
 from rfdetr_coco_pipeline.training.recipe import recipe_id, run_recipe
 from tests.helpers.workflow import REPO, base_config, settings_of
 
@@ -85,26 +85,25 @@ def test_the_training_job_asks_slurm_for_a_task_per_gpu_on_every_node_in_the_plu
     assert "gres" not in training_launch_resources(settings_of(gpus=2, launch="srun", device="cpu"))
 
 
-def test_slurms_task_layout_is_read_as_slurm_writes_it():
-    assert tasks_per_node("2(x3),1") == [2, 2, 2, 1]
-    assert tasks_per_node("4") == [4]
-    assert tasks_per_node("") == []
-
-
 def test_a_training_task_checks_what_srun_started_and_names_both_sides(monkeypatch):
-    for name in ("SLURM_STEP_ID", "SLURM_PROCID", "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
+    for name in ("SLURM_STEP_ID", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_NTASKS_PER_NODE", "SLURM_NNODES"):
         monkeypatch.delenv(name, raising=False)
     with pytest.raises(Exception, match=r"was not started by srun\. Run the workflow with the SLURM profile"):
         check_srun_tasks(2, 2)
-    monkeypatch.setenv("SLURM_STEP_ID", "0")
-    monkeypatch.setenv("SLURM_PROCID", "3")
-    monkeypatch.setenv("SLURM_STEP_TASKS_PER_NODE", "2(x2)")
+    for name, value in {"SLURM_STEP_ID": "0", "SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_NNODES": "2"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("SLURM_JOB_NAME", "train_block")  # not an interactive job, where Lightning checks nothing
+    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "2")
     check_srun_tasks(2, 2)  # as asked
-    monkeypatch.setenv("SLURM_STEP_TASKS_PER_NODE", "3,1")
+    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "1")
+    monkeypatch.setenv("SLURM_NNODES", "4")
     with pytest.raises(Exception) as error:
         check_srun_tasks(2, 2)
-    assert "SLURM started 4 task(s) on 2 node(s) (tasks per node: 3, 1)" in str(error.value)
-    assert "train.gpus: 2, train.nodes: 2" in str(error.value)
+    assert "--ntasks-per-node=1" in str(error.value)  # what SLURM started
+    assert "2 task(s) on each of 2 node(s) (train.gpus: 2, train.nodes: 2)" in str(error.value)  # what was asked
+    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "2")
+    with pytest.raises(Exception, match=r"--nodes=4"):  # the node count alone off
+        check_srun_tasks(2, 2)
 
 
 def test_each_node_keeps_its_own_staging_report(monkeypatch, tmp_path):

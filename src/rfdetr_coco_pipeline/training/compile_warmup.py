@@ -31,7 +31,7 @@ from rfdetr_coco_pipeline.common import StageError, log
 from rfdetr_coco_pipeline.data.dataset import count_images
 from rfdetr_coco_pipeline.hooks import check_hooks
 from rfdetr_coco_pipeline.settings import Settings
-from rfdetr_coco_pipeline.training.recipe import run_recipe
+from rfdetr_coco_pipeline.training.recipe import nodes_of, run_recipe
 from rfdetr_coco_pipeline.training.rfdetr_call import configure_compile_cache, eval_batch_size, run_rfdetr, train_kwargs
 from rfdetr_coco_pipeline.training.route import Route, settle_route
 
@@ -54,7 +54,7 @@ def warmup_images(dataset: Path, recipe: dict[str, Any], route: Route) -> int:
     as the train stage computes it. A validation set of that size has that batch too (`eval_batch_size` maps its
     result to itself), so a compiled validation meets the graph training will use."""
     images = count_images(dataset / SOURCE_SPLIT)
-    return eval_batch_size(images, recipe["batch_size"], recipe["gpus"] * recipe.get("nodes", 1), route.batch_multiple)
+    return eval_batch_size(images, recipe["batch_size"], recipe["gpus"] * nodes_of(recipe), route.batch_multiple)
 
 
 def write_warmup_dataset(source: Path, target: Path, images: int) -> int:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import re
 import signal
 
 from rfdetr_coco_pipeline.common import StageError
@@ -42,30 +41,23 @@ def die_with_parent() -> bool:
     return True
 
 
-def tasks_per_node(layout: str) -> list[int]:
-    """SLURM's compressed tasks-per-node list ("2(x3),1": three nodes of 2 tasks, then one of 1), expanded."""
-    counts: list[int] = []
-    for count, repeat in re.findall(r"(\d+)(?:\(x(\d+)\))?", layout):
-        counts += [int(count)] * int(repeat or 1)
-    return counts
-
-
 def check_srun_tasks(gpus: int, nodes: int) -> None:
     """Under srun's launch, before anything is built: StageError unless this process is a task of a SLURM job step
-    with `gpus` tasks on each of `nodes` nodes, naming what SLURM started and what the recipe asks. Lightning would
-    otherwise stop later with a message naming neither setting, or a rank short would leave the others waiting."""
+    with `gpus` tasks on each of `nodes` nodes. The layout check is Lightning's own (`SLURMEnvironment`), run here
+    so that it stops the job before the model is built and names the workflow's settings, not Lightning's."""
+    from lightning_fabric.plugins.environments import SLURMEnvironment
+
     if "SLURM_STEP_ID" not in os.environ or "SLURM_PROCID" not in os.environ:
         raise StageError(
             f"train.launch starts the training ranks with srun (train.nodes: {nodes}, train.gpus: {gpus}), but this "
             "process was not started by srun. Run the workflow with the SLURM profile (snakemake --workflow-profile "
             "profiles/slurm), or set train.nodes: 1 and train.launch: lightning."
         )
-    layout = tasks_per_node(os.environ.get("SLURM_STEP_TASKS_PER_NODE", os.environ.get("SLURM_TASKS_PER_NODE", "")))
-    if layout != [gpus] * nodes:
-        started = ", ".join(map(str, layout)) or "none"
+    try:
+        SLURMEnvironment(auto_requeue=False).validate_settings(num_devices=gpus, num_nodes=nodes)
+    except (ValueError, RuntimeError) as error:  # RuntimeError: srun given --ntasks without --ntasks-per-node
         raise StageError(
-            f"SLURM started {sum(layout)} task(s) on {len(layout)} node(s) (tasks per node: {started}), but the recipe "
-            f"trains on {gpus} GPU(s) on each of {nodes} node(s) (train.gpus: {gpus}, train.nodes: {nodes}). Ask "
-            f"for --nodes={nodes} --ntasks-per-node={gpus}, as the train_block rule's resources do, and leave the "
-            "task layout of the SLURM profile's train_block to them."
-        )
+            f"SLURM did not start the task layout the recipe trains on, {gpus} task(s) on each of {nodes} node(s) "
+            f"(train.gpus: {gpus}, train.nodes: {nodes}). Lightning says: {error} Leave the task layout to the "
+            "train_block rule's resources (--nodes, --ntasks-per-node), not to the SLURM profile's train_block."
+        ) from error

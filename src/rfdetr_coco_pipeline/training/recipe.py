@@ -38,6 +38,11 @@ def run_recipe(recipe: Recipe, profile: GpuProfile, rfdetr: str) -> dict[str, An
     }
 
 
+def nodes_of(recipe: Mapping[str, Any]) -> int:
+    """The node count of a run recipe: `nodes` is in it only when above 1 (`Recipe.values`)."""
+    return recipe.get("nodes", 1)
+
+
 def recipe_id(recipe: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
 

@@ -25,6 +25,7 @@ from rfdetr_coco_pipeline.training.callbacks.block_end import StopAtBlockEnd
 from rfdetr_coco_pipeline.training.callbacks.epoch_log import EpochLog
 from rfdetr_coco_pipeline.training.callbacks.finite_loss import StopOnNonFiniteLoss
 from rfdetr_coco_pipeline.training.fp8 import last_batch_off_the_rule
+from rfdetr_coco_pipeline.training.recipe import nodes_of
 from rfdetr_coco_pipeline.training.route import Route
 
 AMP_DTYPE = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "fp32": None}  # profile precision -> train(amp_dtype=)
@@ -79,7 +80,7 @@ def train_kwargs(
     TensorBoard writes into the state folder, so one run spans the blocks; W&B and MLflow name each block's run
     after the recipe id."""
     val_images = count_images(dataset / "val2017")
-    gpus, nodes = recipe["gpus"], recipe.get("nodes", 1)  # `nodes` is in the recipe only when above 1
+    gpus, nodes = recipe["gpus"], nodes_of(recipe)
     kwargs: dict[str, Any] = dict(
         dataset_file="coco",
         dataset_dir=str(dataset),
@@ -113,7 +114,7 @@ def train_kwargs(
     if route.device.kind == "cpu":
         kwargs["device"] = "cpu"
     if gpus * nodes > 1:  # Lightning DDP, one process per device (on the CPU: gloo)
-        kwargs.update(devices=gpus, strategy="ddp", **({"num_nodes": nodes} if nodes > 1 else {}))
+        kwargs.update(devices=gpus, num_nodes=nodes, strategy="ddp")
     return kwargs
 
 
