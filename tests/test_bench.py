@@ -708,3 +708,31 @@ def test_the_flop_count_is_per_image_splits_the_forward_by_part_and_gives_the_ra
     assert sum(parts.values()) == pytest.approx(two["forward_gflop_per_image"], abs=0.01)
     assert parts["other"] < 0.01 * two["forward_gflop_per_image"]  # every module of the forward has its part
     assert two["utilisation"] == pytest.approx(two["gflop_per_training_image"] * 100 / 1000 / 500.0, rel=0.01)
+
+
+def test_the_part_times_cover_every_part_of_a_real_step_and_each_rest_is_what_its_rows_leave(tmp_path):
+    """bench.part_times on the real Nano training module (64 px, one image, as written): every part's row and
+    each "rest of" row are there, a call the decoder makes of a head counts under the transformer, not twice, and
+    the record saved is the one printed."""
+    from bench.part_times import PARTS, part_of
+
+    # the box head called by the decoder (for its reference points) belongs to the transformer's time
+    assert part_of("bbox_embed", ("transformer",)) == []
+    assert part_of("bbox_embed", ()) == ["class and box heads"]
+    assert part_of("transformer.enc_out_class_embed.3", ("transformer",)) == ["two-stage proposal heads (13 groups)"]
+    out = tmp_path / "parts.json"
+    command = [sys.executable, "-m", "bench.part_times", "--resolution", "64", "--batch", "1", "--repeats", "1"]
+    command += ["--warmup", "0", "--no-compile", "--speedups", "none", "--out", str(out)]
+    printed = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=True).stdout
+    result = json.loads(out.read_text())
+    rows = {row["part"]: row for row in result["rows"]}
+    assert {part.label for part in PARTS} | {"loss (matching, criterion)", "optimizer (AdamW step)"} <= set(rows)
+    assert all(rows[part.label]["ms"] > 0 for part in PARTS)
+    for parent in {part.parent for part in PARTS} - {None}:
+        inner = sum(rows[part.label]["ms"] for part in PARTS if part.parent == parent)
+        assert rows[f"rest of {parent}"]["ms"] == pytest.approx(rows[parent]["ms"] - inner, abs=0.02)
+    top = [row for row in result["rows"] if row["within"] is None]
+    assert sum(row["share_of_parts_sum"] for row in top) == pytest.approx(1.0, abs=0.001)
+    assert result["whole_step_ms"] > 0 and result["measure"] == "wall ms per step"
+    for row in result["rows"]:
+        assert f"{row['ms']:9.2f}" in printed and row["part"] in printed

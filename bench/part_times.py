@@ -1,0 +1,327 @@
+"""Where a training step's GPU time goes, by model part: each part's forward and backward timed on its own, on the
+inputs it gets in a real step, next to the whole step.
+
+usage: python -m bench.part_times [--resolution 384] [--batch 128] [--repeats 10] [--warmup 3] [--no-compile]
+           [--speedups auto|none|all|NAME,...] [--out FILE.json]
+
+Builds rfdetr's Nano training module (as bench.flops does: random weights, 13 decoder groups) with the registry's
+patches that `--speedups` selects in place, runs one step on synthetic images and boxes and keeps every input each
+part (PARTS) was called with. Then, for each part: its calls of that step, each compiled on its own (torch.compile,
+static shapes, unless --no-compile) and run forward under the recipe's autocast (bf16 on the GPU) and backward with
+fixed random output gradients, `--repeats` times after `--warmup`. The loss (rfdetr's criterion with its Hungarian
+matching, on the step's outputs) and the optimizer (torch's AdamW, fused on the GPU, over every parameter) are
+timed the same way, and the whole step (the compiled model, the loss, the backward and the optimizer) last.
+
+On the GPU each figure is GPU-busy milliseconds (the union of the kernels' intervals under torch.profiler, per
+step), so host launch gaps that the workflow's CUDA graphs remove are not counted; on the CPU it is wall time.
+Parts are timed apart, so fusions across a part's edge are lost and the parts can sum to more than the whole: the
+record gives both, and each part's share of the parts' sum. A part nested in another (the decoder's layers inside
+the transformer) is a row under it, and the rest of its parent (what none of its rows covers) is a row too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from bench.flops import synthetic_batch, training_module
+from bench.profile_steps import parse_speedups, union_seconds
+
+
+@dataclass(frozen=True)
+class Part:
+    """A row of the table: the module paths it covers (a regular expression over `named_modules` paths) and the
+    part it sits in (None: the step's top level)."""
+
+    label: str
+    paths: str
+    parent: str | None = None
+
+
+TRANSFORMER = "transformer (two-stage proposals, decoder)"
+# rfdetr 1.11.2's module paths for Nano. A top-level part counts the calls made outside every other top-level part:
+# the box head that the decoder also calls for its reference points counts under the transformer there.
+PARTS = (
+    Part("backbone blocks (patch embedding, 12 windowed blocks)", r"backbone\.0\.encoder"),
+    Part("projector", r"backbone\.0\.projector"),
+    Part(TRANSFORMER, r"transformer"),
+    Part("decoder layers (2)", r"transformer\.decoder\.layers\.\d+", TRANSFORMER),
+    Part("decoder self-attention", r"transformer\.decoder\.layers\.\d+\.self_attn", "decoder layers (2)"),
+    Part("deformable cross-attention", r"transformer\.decoder\.layers\.\d+\.cross_attn", "decoder layers (2)"),
+    Part("reference point head", r"transformer\.decoder\.ref_point_head", TRANSFORMER),
+    Part(
+        "two-stage proposal heads (13 groups)",
+        r"transformer\.enc_\w+\.\d+",
+        "transformer (two-stage proposals, decoder)",
+    ),
+    # the two-stage class head is also called after the transformer, on its proposals
+    Part("class and box heads", r"class_embed|bbox_embed|transformer\.enc_out_class_embed\.\d+"),
+)
+TOP_LEVEL = {part.label for part in PARTS if part.parent is None}
+
+
+@dataclass
+class Call:
+    """One call of a module in the captured step: the module, its inputs, and the parts it was called inside."""
+
+    path: str
+    module: nn.Module
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    inside: tuple[str, ...] = field(default_factory=tuple)
+
+
+def tensors_in(value: Any) -> Iterator[Tensor]:
+    """The tensors in a nest of tuples, lists and dicts (a module's outputs), in order."""
+    if isinstance(value, Tensor):
+        yield value
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            yield from tensors_in(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from tensors_in(item)
+
+
+def detached(value: Any) -> Any:
+    """`value` with every tensor copied off the autograd graph; a copy of one that needed a gradient needs one too,
+    so the part's backward computes the gradients of its inputs as in the step."""
+    if isinstance(value, Tensor):
+        copy = value.detach().clone()
+        return copy.requires_grad_(value.requires_grad) if copy.is_floating_point() else copy
+    if isinstance(value, (tuple, list)):
+        return type(value)(detached(item) for item in value)
+    if isinstance(value, dict):
+        return {key: detached(item) for key, item in value.items()}
+    return value
+
+
+def part_of(path: str, inside: tuple[str, ...]) -> list[str]:
+    """The labels of the rows a call of module `path` counts in: a top-level row when no other top-level part was
+    running, a nested row when its parent part was."""
+    running = {p.label for p in PARTS for outer in inside if re.fullmatch(p.paths, outer)}
+    rows = []
+    for part in PARTS:
+        if not re.fullmatch(part.paths, path):
+            continue
+        if part.parent is None and not running & TOP_LEVEL or part.parent in running:
+            rows.append(part.label)
+    return rows
+
+
+@contextmanager
+def captured_calls(model: nn.Module) -> Iterator[list[Call]]:
+    """Within this block, every call of a module that a part covers is recorded with copies of its inputs."""
+    calls: list[Call] = []
+    running: list[str] = []
+    handles = []
+    for path, module in model.named_modules():
+        if not any(re.fullmatch(part.paths, path) for part in PARTS):
+            continue
+
+        def before(module: nn.Module, args: tuple, kwargs: dict, path: str = path) -> None:
+            calls.append(Call(path, module, detached(args), detached(kwargs), tuple(running)))
+            running.append(path)
+
+        def after(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+            running.pop()
+
+        handles.append(module.register_forward_pre_hook(before, with_kwargs=True))
+        handles.append(module.register_forward_hook(after, with_kwargs=True))
+    try:
+        yield calls
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+class Timer:
+    """Runs a piece of work repeatedly and returns its milliseconds per run: GPU-busy time on CUDA, wall time on the
+    CPU."""
+
+    def __init__(self, device: torch.device, repeats: int, warmup: int) -> None:
+        self.device, self.repeats, self.warmup = device, repeats, warmup
+
+    def __call__(self, work: Callable[[], None]) -> float:
+        for _ in range(self.warmup):
+            work()
+        if self.device.type != "cuda":
+            times = []
+            for _ in range(self.repeats):
+                start = time.perf_counter()
+                work()
+                times.append(time.perf_counter() - start)
+            return 1e3 * statistics.median(times)
+        from torch.autograd import DeviceType
+        from torch.profiler import ProfilerActivity, profile
+
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as profiler:
+            for _ in range(self.repeats):
+                work()
+            torch.cuda.synchronize()
+        kernels = [
+            (e.start_ns(), e.start_ns() + e.duration_ns())
+            for e in profiler.profiler.kineto_results.events()
+            if e.device_type() == DeviceType.CUDA
+        ]
+        return 1e3 * union_seconds(kernels) / self.repeats
+
+
+def forward_and_backward(
+    function: Callable[..., Any], args: tuple, kwargs: dict, autocast: Any, params: list[nn.Parameter]
+) -> Callable[[], None]:
+    """One run of `function` on the inputs, forward under `autocast`, backward from fixed random gradients of its
+    outputs that need one; parameter and input gradients are cleared first, as at the start of a step."""
+    leaves = [t for t in [*tensors_in(args), *tensors_in(kwargs)] if t.requires_grad]
+    gradients: list[Tensor] = []
+
+    def work() -> None:
+        for tensor in [*leaves, *params]:
+            tensor.grad = None
+        with autocast:
+            outputs = [t for t in tensors_in(function(*args, **kwargs)) if t.requires_grad]
+        if not gradients:
+            generator = torch.Generator(outputs[0].device).manual_seed(0)
+            gradients.extend(torch.randn(t.shape, generator=generator, device=t.device, dtype=t.dtype) for t in outputs)
+        torch.autograd.backward(outputs, gradients)
+
+    return work
+
+
+def measure(resolution: int, batch: int, repeats: int, warmup: int, compile_parts: bool) -> dict[str, Any]:
+    """The table: milliseconds per step of each part, the loss, the optimizer and the whole step."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    module = training_module(resolution, batch).to(device)
+    model, criterion = module.model, module.criterion
+    samples, targets = synthetic_batch(batch, resolution)
+    samples = samples.to(device)
+    targets = [{key: value.to(device) for key, value in target.items()} for target in targets]
+    params = [p for p in model.parameters() if p.requires_grad]
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+    compiled = (lambda f: torch.compile(f, dynamic=False)) if compile_parts else (lambda f: f)
+
+    def loss_of(outputs: Any) -> Tensor:
+        losses = criterion(outputs, targets)
+        return sum(losses[k] * criterion.weight_dict[k] for k in losses if k in criterion.weight_dict)
+
+    with captured_calls(model) as calls, autocast:
+        outputs = model(samples, targets)
+    time_of = Timer(device, repeats, warmup)
+    rows: dict[str, float] = {part.label: 0.0 for part in PARTS}
+    for call in calls:
+        labels = part_of(call.path, call.inside)
+        if labels:
+            work = forward_and_backward(compiled(call.module), call.args, call.kwargs, autocast, params)
+            milliseconds = time_of(work)
+            for label in labels:
+                rows[label] += milliseconds
+    outputs = detached(outputs)
+    rows["loss (matching, criterion)"] = time_of(
+        forward_and_backward(lambda o: (loss_of(o),), (outputs,), {}, autocast, params)
+    )
+    for p in params:
+        p.grad = torch.randn_like(p)
+    optimizer = torch.optim.AdamW(params, lr=1e-4, weight_decay=1e-4, fused=device.type == "cuda")
+    rows["optimizer (AdamW step)"] = time_of(optimizer.step)
+    whole_model = compiled(model)
+
+    def whole_step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        with autocast:
+            loss = loss_of(whole_model(samples, targets))
+        loss.backward()
+        optimizer.step()
+
+    whole = time_of(whole_step)
+    return table(rows, whole, resolution, batch, device, compile_parts)
+
+
+def table(
+    rows: dict[str, float], whole: float, resolution: int, batch: int, device: torch.device, compiled: bool
+) -> dict[str, Any]:
+    """The record: each row's milliseconds and share of the top-level rows' sum, in the table's order (a part, then
+    its rows, then a "rest of" row for what they leave of it), and the whole step."""
+    parents = {label: None for label in rows} | {part.label: part.parent for part in PARTS}
+    top_sum = sum(ms for label, ms in rows.items() if parents[label] is None)
+    ordered: list[tuple[str, float, str | None, int]] = []
+
+    def add(label: str, depth: int) -> None:
+        ordered.append((label, rows[label], parents[label], depth))
+        inner = [child for child, parent in parents.items() if parent == label]
+        for child in inner:
+            add(child, depth + 1)
+        if inner:
+            rest = rows[label] - sum(rows[child] for child in inner)
+            ordered.append((f"rest of {label}", rest, label, depth + 1))
+
+    for label in rows:
+        if parents[label] is None:
+            add(label, 0)
+    return {
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+        "resolution": resolution,
+        "batch": batch,
+        "compiled_per_part": compiled,
+        "measure": "GPU-busy ms per step" if device.type == "cuda" else "wall ms per step",
+        "whole_step_ms": round(whole, 2),
+        "parts_sum_ms": round(top_sum, 2),
+        "rows": [
+            {
+                "part": label,
+                "within": parent,
+                "depth": depth,
+                "ms": round(ms, 2),
+                "share_of_parts_sum": round(ms / top_sum, 4),
+            }
+            for label, ms, parent, depth in ordered
+        ],
+    }
+
+
+def speedups_setting(value: str) -> str | list[str]:
+    """--speedups: auto, as train.speedups takes it, or what bench.profile_steps takes."""
+    return value if value == "auto" else parse_speedups(value)
+
+
+def main() -> None:
+    from rfdetr_coco_pipeline.hooks import applied, select_speedups
+    from rfdetr_coco_pipeline.versions import package_version
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--resolution", type=int, default=384)
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--no-compile", action="store_true", help="time the parts as written, not compiled")
+    parser.add_argument("--speedups", type=speedups_setting, default="auto", help="the registry's, as train.speedups")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    device_kind = "cuda" if torch.cuda.is_available() else "cpu"
+    selection = select_speedups(args.speedups, package_version("rfdetr"), device_kind=device_kind)
+    with applied(selection, SimpleNamespace(loader_niceness=0)):
+        result = measure(args.resolution, args.batch, args.repeats, args.warmup, not args.no_compile)
+    result["speedups"] = selection.names()
+    print(f"{result['measure']}, {args.batch} images at {args.resolution} px on {result['device']}:")
+    for row in result["rows"]:
+        print(f"  {row['ms']:9.2f}  {100 * row['share_of_parts_sum']:5.1f} %  {'  ' * row['depth']}{row['part']}")
+    print(f"  {result['parts_sum_ms']:9.2f}          the parts, timed apart")
+    print(f"  {result['whole_step_ms']:9.2f}          the whole step")
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
