@@ -2,7 +2,7 @@
 inputs it gets in a real step, next to the whole step.
 
 usage: python -m bench.part_times [--resolution 384] [--batch 128] [--repeats 10] [--warmup 3] [--no-compile]
-           [--speedups auto|none|all|NAME,...] [--out FILE.json]
+           [--speedups auto|none|all|NAME,...] [--only REGEX] [--loss-ops N] [--out FILE.json]
 
 Builds rfdetr's Nano training module (as bench.flops does: random weights, 13 decoder groups) with the registry's
 patches that `--speedups` selects in place, runs one step on synthetic images and boxes and keeps every input each
@@ -11,6 +11,8 @@ static shapes, unless --no-compile) and run forward under the recipe's autocast 
 fixed random output gradients, `--repeats` times after `--warmup`. The loss (rfdetr's criterion with its Hungarian
 matching, on the step's outputs) and the optimizer (torch's AdamW, fused on the GPU, over every parameter) are
 timed the same way, and the whole step (the compiled model, the loss, the backward and the optimizer) last.
+`--only` times only the rows whose label it finds ("loss" for the loss alone); `--loss-ops N` lists the loss's N
+operations with the most GPU time, the matcher's calls as one range.
 
 On the GPU each figure is GPU-busy milliseconds (the union of the kernels' intervals under torch.profiler, per
 step), so host launch gaps that the workflow's CUDA graphs remove are not counted; on the CPU it is wall time.
@@ -153,6 +155,7 @@ class Timer:
 
     def __init__(self, device: torch.device, repeats: int, warmup: int) -> None:
         self.device, self.repeats, self.warmup = device, repeats, warmup
+        self.profiler: Any = None  # the last run's torch.profiler, on CUDA
 
     def __call__(self, work: Callable[[], None]) -> float:
         for _ in range(self.warmup):
@@ -172,6 +175,7 @@ class Timer:
             for _ in range(self.repeats):
                 work()
             torch.cuda.synchronize()
+        self.profiler = profiler
         kernels = [
             (e.start_ns(), e.start_ns() + e.duration_ns())
             for e in profiler.profiler.kineto_results.events()
@@ -201,8 +205,55 @@ def forward_and_backward(
     return work
 
 
-def measure(resolution: int, batch: int, repeats: int, warmup: int, compile_parts: bool) -> dict[str, Any]:
-    """The table: milliseconds per step of each part, the loss, the optimizer and the whole step."""
+LOSS, OPTIMIZER, WHOLE = "loss (matching, criterion)", "optimizer (AdamW step)", "whole step"
+
+
+def top_ops(profiler: Any, repeats: int, count: int) -> list[dict[str, Any]]:
+    """The `count` operations and labelled ranges (the matcher's) with the most GPU time in a profiled run, ms per
+    run: each operation's own kernels, and a range's kernels inside it."""
+    ranked = sorted(
+        profiler.key_averages(),
+        key=lambda e: -(e.device_time_total if e.key == "matcher" else e.self_device_time_total),
+    )
+    return [
+        {
+            "op": e.key[:80],
+            "calls_per_run": e.count // repeats,
+            "ms": round((e.device_time_total if e.key == "matcher" else e.self_device_time_total) / 1e3 / repeats, 3),
+        }
+        for e in ranked[:count]
+    ]
+
+
+@contextmanager
+def labelled(module: nn.Module, label: str) -> Iterator[None]:
+    """Within this block, `module`'s calls are torch.profiler ranges named `label`."""
+    from torch.profiler import record_function
+
+    ranges: list[Any] = []
+    handles = [
+        module.register_forward_pre_hook(lambda *_: ranges.append(record_function(label).__enter__())),
+        module.register_forward_hook(lambda *_: ranges.pop().__exit__(None, None, None)),
+    ]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def measure(
+    resolution: int,
+    batch: int,
+    repeats: int,
+    warmup: int,
+    compile_parts: bool,
+    only: str = ".*",
+    loss_ops: int = 0,
+) -> dict[str, Any]:
+    """The table: milliseconds per step of each part, the loss, the optimizer and the whole step; with `only`, the
+    rows whose label it matches (a regular expression). With `loss_ops` (on CUDA), also the loss's operations with
+    the most GPU time."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     module = training_module(resolution, batch).to(device)
     model, criterion = module.model, module.criterion
@@ -220,22 +271,29 @@ def measure(resolution: int, batch: int, repeats: int, warmup: int, compile_part
     with captured_calls(model) as calls, autocast:
         outputs = model(samples, targets)
     time_of = Timer(device, repeats, warmup)
-    rows: dict[str, float] = {part.label: 0.0 for part in PARTS}
+    wanted = [part.label for part in PARTS if re.search(only, part.label)]
+    rows: dict[str, float] = {label: 0.0 for label in wanted}
     for call in calls:
-        labels = part_of(call.path, call.inside)
+        labels = [label for label in part_of(call.path, call.inside) if label in wanted]
         if labels:
             work = forward_and_backward(compiled(call.module), call.args, call.kwargs, autocast, params)
             milliseconds = time_of(work)
             for label in labels:
                 rows[label] += milliseconds
-    outputs = detached(outputs)
-    rows["loss (matching, criterion)"] = time_of(
-        forward_and_backward(lambda o: (loss_of(o),), (outputs,), {}, autocast, params)
-    )
+    extra: dict[str, Any] = {}
+    if re.search(only, LOSS):
+        with labelled(criterion.matcher, "matcher"):
+            loss_work = forward_and_backward(lambda o: (loss_of(o),), (detached(outputs),), {}, autocast, params)
+            rows[LOSS] = time_of(loss_work)
+        if loss_ops and time_of.profiler is not None:
+            extra["loss_ops"] = top_ops(time_of.profiler, repeats, loss_ops)
     for p in params:
         p.grad = torch.randn_like(p)
     optimizer = torch.optim.AdamW(params, lr=1e-4, weight_decay=1e-4, fused=device.type == "cuda")
-    rows["optimizer (AdamW step)"] = time_of(optimizer.step)
+    if re.search(only, OPTIMIZER):
+        rows[OPTIMIZER] = time_of(optimizer.step)
+    if not re.search(only, WHOLE):
+        return table(rows, None, resolution, batch, device, compile_parts) | extra
     whole_model = compiled(model)
 
     def whole_step() -> None:
@@ -245,38 +303,39 @@ def measure(resolution: int, batch: int, repeats: int, warmup: int, compile_part
         loss.backward()
         optimizer.step()
 
-    whole = time_of(whole_step)
-    return table(rows, whole, resolution, batch, device, compile_parts)
+    return table(rows, time_of(whole_step), resolution, batch, device, compile_parts) | extra
 
 
 def table(
-    rows: dict[str, float], whole: float, resolution: int, batch: int, device: torch.device, compiled: bool
+    rows: dict[str, float], whole: float | None, resolution: int, batch: int, device: torch.device, compiled: bool
 ) -> dict[str, Any]:
     """The record: each row's milliseconds and share of the top-level rows' sum, in the table's order (a part, then
-    its rows, then a "rest of" row for what they leave of it), and the whole step."""
+    its rows, then a "rest of" row for what they leave of it, when all were timed), and the whole step (None: not
+    timed)."""
     parents = {label: None for label in rows} | {part.label: part.parent for part in PARTS}
-    top_sum = sum(ms for label, ms in rows.items() if parents[label] is None)
     ordered: list[tuple[str, float, str | None, int]] = []
 
     def add(label: str, depth: int) -> None:
         ordered.append((label, rows[label], parents[label], depth))
         inner = [child for child, parent in parents.items() if parent == label]
         for child in inner:
-            add(child, depth + 1)
-        if inner:
+            if child in rows:
+                add(child, depth + 1)
+        if inner and all(child in rows for child in inner):
             rest = rows[label] - sum(rows[child] for child in inner)
             ordered.append((f"rest of {label}", rest, label, depth + 1))
 
     for label in rows:
-        if parents[label] is None:
+        if parents[label] is None or parents[label] not in rows:
             add(label, 0)
+    top_sum = sum(ms for _, ms, _, depth in ordered if depth == 0) or 1.0
     return {
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
         "resolution": resolution,
         "batch": batch,
         "compiled_per_part": compiled,
         "measure": "GPU-busy ms per step" if device.type == "cuda" else "wall ms per step",
-        "whole_step_ms": round(whole, 2),
+        "whole_step_ms": None if whole is None else round(whole, 2),
         "parts_sum_ms": round(top_sum, 2),
         "rows": [
             {
@@ -307,18 +366,25 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--no-compile", action="store_true", help="time the parts as written, not compiled")
     parser.add_argument("--speedups", type=speedups_setting, default="auto", help="the registry's, as train.speedups")
+    parser.add_argument("--only", default=".*", help="time only the rows whose label this regular expression finds")
+    parser.add_argument("--loss-ops", type=int, default=0, help="on the GPU: the loss's N costliest operations too")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     device_kind = "cuda" if torch.cuda.is_available() else "cpu"
     selection = select_speedups(args.speedups, package_version("rfdetr"), device_kind=device_kind)
     with applied(selection, SimpleNamespace(loader_niceness=0)):
-        result = measure(args.resolution, args.batch, args.repeats, args.warmup, not args.no_compile)
+        result = measure(
+            args.resolution, args.batch, args.repeats, args.warmup, not args.no_compile, args.only, args.loss_ops
+        )
     result["speedups"] = selection.names()
     print(f"{result['measure']}, {args.batch} images at {args.resolution} px on {result['device']}:")
     for row in result["rows"]:
         print(f"  {row['ms']:9.2f}  {100 * row['share_of_parts_sum']:5.1f} %  {'  ' * row['depth']}{row['part']}")
     print(f"  {result['parts_sum_ms']:9.2f}          the parts, timed apart")
-    print(f"  {result['whole_step_ms']:9.2f}          the whole step")
+    if result["whole_step_ms"] is not None:
+        print(f"  {result['whole_step_ms']:9.2f}          the whole step")
+    for op in result.get("loss_ops", []):
+        print(f"  loss: {op['ms']:8.3f} ms  {op['calls_per_run']:4d} calls  {op['op']}")
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
 
