@@ -2,7 +2,7 @@
 inputs it gets in a real step, next to the whole step.
 
 usage: python -m bench.part_times [--resolution 384] [--batch 128] [--repeats 10] [--warmup 3] [--no-compile]
-           [--speedups auto|none|all|NAME,...] [--only REGEX] [--loss-ops N] [--out FILE.json]
+           [--speedups auto|none|all|NAME,...] [--only REGEX] [--kernels N] [--out FILE.json]
 
 Builds rfdetr's Nano training module (as bench.flops does: random weights, 13 decoder groups) with the registry's
 patches that `--speedups` selects in place, runs one step on synthetic images and boxes and keeps every input each
@@ -11,8 +11,8 @@ static shapes, unless --no-compile) and run forward under the recipe's autocast 
 fixed random output gradients, `--repeats` times after `--warmup`. The loss (rfdetr's criterion with its Hungarian
 matching, on the step's outputs) and the optimizer (torch's AdamW, fused on the GPU, over every parameter) are
 timed the same way, and the whole step (the compiled model, the loss, the backward and the optimizer) last.
-`--only` times only the rows whose label it finds ("loss" for the loss alone); `--loss-ops N` lists the loss's N
-operations with the most GPU time.
+`--only` times only the rows whose label it finds ("loss" for the loss alone); `--kernels N` lists each row's N
+kernels with the most GPU time (on the GPU).
 
 On the GPU each figure is GPU-busy milliseconds (the union of the kernels' intervals under torch.profiler, per
 step), so host launch gaps that the workflow's CUDA graphs remove are not counted; on the CPU it is wall time.
@@ -28,6 +28,7 @@ import json
 import re
 import statistics
 import time
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -148,11 +149,11 @@ def captured_calls(model: nn.Module) -> Iterator[list[Call]]:
 
 class Timer:
     """Runs a piece of work repeatedly and returns its milliseconds per run: GPU-busy time on CUDA, wall time on the
-    CPU."""
+    CPU. On CUDA, `kernels` holds the last work's milliseconds per run of each kernel name."""
 
     def __init__(self, device: torch.device, repeats: int, warmup: int) -> None:
         self.device, self.repeats, self.warmup = device, repeats, warmup
-        self.profiler: Any = None  # the last run's torch.profiler, on CUDA
+        self.kernels: Counter[str] = Counter()
 
     def __call__(self, work: Callable[[], None]) -> float:
         for _ in range(self.warmup):
@@ -172,13 +173,11 @@ class Timer:
             for _ in range(self.repeats):
                 work()
             torch.cuda.synchronize()
-        self.profiler = profiler
-        kernels = [
-            (e.start_ns(), e.start_ns() + e.duration_ns())
-            for e in profiler.profiler.kineto_results.events()
-            if e.device_type() == DeviceType.CUDA
-        ]
-        return 1e3 * union_seconds(kernels) / self.repeats
+        events = [e for e in profiler.profiler.kineto_results.events() if e.device_type() == DeviceType.CUDA]
+        self.kernels = Counter()
+        for event in events:
+            self.kernels[event.name()] += event.duration_ns() / 1e6 / self.repeats
+        return 1e3 * union_seconds([(e.start_ns(), e.start_ns() + e.duration_ns()) for e in events]) / self.repeats
 
 
 def forward_and_backward(
@@ -205,19 +204,6 @@ def forward_and_backward(
 LOSS, OPTIMIZER, WHOLE = "loss (matching, criterion)", "optimizer (AdamW step)", "whole step"
 
 
-def top_ops(profiler: Any, repeats: int, count: int) -> list[dict[str, Any]]:
-    """The `count` operations with the most GPU time of their own (their kernels) in a profiled run, ms per run."""
-    ranked = sorted(profiler.key_averages(), key=lambda e: -e.self_device_time_total)
-    return [
-        {
-            "op": e.key[:80],
-            "calls_per_run": e.count // repeats,
-            "ms": round(e.self_device_time_total / 1e3 / repeats, 3),
-        }
-        for e in ranked[:count]
-    ]
-
-
 def measure(
     resolution: int,
     batch: int,
@@ -225,11 +211,11 @@ def measure(
     warmup: int,
     compile_parts: bool,
     only: str = ".*",
-    loss_ops: int = 0,
+    kernels: int = 0,
 ) -> dict[str, Any]:
     """The table: milliseconds per step of each part, the loss, the optimizer and the whole step; with `only`, the
-    rows whose label it matches (a regular expression). With `loss_ops` (on CUDA), also the loss's operations with
-    the most GPU time."""
+    rows whose label it matches (a regular expression). With `kernels` (on CUDA), also each row's `kernels` kernels
+    with the most GPU time."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     module = training_module(resolution, batch).to(device)
     model, criterion = module.model, module.criterion
@@ -249,24 +235,31 @@ def measure(
     time_of = Timer(device, repeats, warmup)
     wanted = [part.label for part in PARTS if re.search(only, part.label)]
     rows: dict[str, float] = {label: 0.0 for label in wanted}
+    row_kernels: dict[str, Counter[str]] = defaultdict(Counter)
+
+    def timed(labels: list[str], work: Callable[[], None]) -> None:
+        milliseconds = time_of(work)
+        for label in labels:
+            rows[label] = rows.get(label, 0.0) + milliseconds
+            row_kernels[label].update(time_of.kernels)
+
     for call in calls:
         labels = [label for label in part_of(call.path, call.inside) if label in wanted]
         if labels:
-            work = forward_and_backward(compiled(call.module), call.args, call.kwargs, autocast, params)
-            milliseconds = time_of(work)
-            for label in labels:
-                rows[label] += milliseconds
-    extra: dict[str, Any] = {}
+            timed(labels, forward_and_backward(compiled(call.module), call.args, call.kwargs, autocast, params))
     if re.search(only, LOSS):
-        loss_work = forward_and_backward(lambda o: (loss_of(o),), (detached(outputs),), {}, autocast, params)
-        rows[LOSS] = time_of(loss_work)
-        if loss_ops and time_of.profiler is not None:
-            extra["loss_ops"] = top_ops(time_of.profiler, repeats, loss_ops)
+        timed([LOSS], forward_and_backward(lambda o: (loss_of(o),), (detached(outputs),), {}, autocast, params))
     for p in params:
         p.grad = torch.randn_like(p)
     optimizer = torch.optim.AdamW(params, lr=1e-4, weight_decay=1e-4, fused=device.type == "cuda")
     if re.search(only, OPTIMIZER):
-        rows[OPTIMIZER] = time_of(optimizer.step)
+        timed([OPTIMIZER], optimizer.step)
+    top_kernels = {
+        label: [{"kernel": name[:120], "ms": round(ms, 3)} for name, ms in counter.most_common(kernels)]
+        for label, counter in row_kernels.items()
+        if kernels and counter
+    }
+    extra = {"kernels": top_kernels} if top_kernels else {}
     if not re.search(only, WHOLE):
         return table(rows, None, resolution, batch, device, compile_parts) | extra
     whole_model = compiled(model)
@@ -342,14 +335,14 @@ def main() -> None:
     parser.add_argument("--no-compile", action="store_true", help="time the parts as written, not compiled")
     parser.add_argument("--speedups", type=speedups_setting, default="auto", help="the registry's, as train.speedups")
     parser.add_argument("--only", default=".*", help="time only the rows whose label this regular expression finds")
-    parser.add_argument("--loss-ops", type=int, default=0, help="on the GPU: the loss's N costliest operations too")
+    parser.add_argument("--kernels", type=int, default=0, help="on the GPU: each row's N costliest kernels too")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     device_kind = "cuda" if torch.cuda.is_available() else "cpu"
     selection = select_speedups(args.speedups, package_version("rfdetr"), device_kind=device_kind)
     with applied(selection, SimpleNamespace(loader_niceness=0)):
         result = measure(
-            args.resolution, args.batch, args.repeats, args.warmup, not args.no_compile, args.only, args.loss_ops
+            args.resolution, args.batch, args.repeats, args.warmup, not args.no_compile, args.only, args.kernels
         )
     result["speedups"] = selection.names()
     print(f"{result['measure']}, {args.batch} images at {args.resolution} px on {result['device']}:")
@@ -358,8 +351,10 @@ def main() -> None:
     print(f"  {result['parts_sum_ms']:9.2f}          the parts, timed apart")
     if result["whole_step_ms"] is not None:
         print(f"  {result['whole_step_ms']:9.2f}          the whole step")
-    for op in result.get("loss_ops", []):
-        print(f"  loss: {op['ms']:8.3f} ms  {op['calls_per_run']:4d} calls  {op['op']}")
+    for label, kernels in result.get("kernels", {}).items():
+        print(f"{label}, its costliest kernels (ms per step):")
+        for kernel in kernels:
+            print(f"  {kernel['ms']:8.3f}  {kernel['kernel']}")
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
 
