@@ -11,6 +11,7 @@
 #                [SPLIT_CPUS=1: half the CPUs each] bench/gpu_run.sh levers
 #        validation: [RUNS='name|bench.validation args;...'] [EPOCHS=2] bench/gpu_run.sh validation  (loader alone first: a
 #                training wave and a whole validation pass; LOADER_WORKERS=0 skips both)
+#        parts:  [RUNS='name|VAR=value ...;...'] [KERNELS=12] [ONLY=REGEX] [ARGS=<more>] bench/gpu_run.sh parts  (bench.part_times, no data)
 #        noise:  [EPOCHS=3] [SPLIT_CPUS=1] bench/gpu_run.sh noise   (the stock recipe twice, at once: its run-to-run noise)
 #        (two GPUs)
 # Needs the wheelhouse in .whl (../shared/gpu/wheelhouse.sh -d .whl) unless rfdetr and snakemake already import (after
@@ -27,7 +28,7 @@ if [ ! -d /tmp/site ] && ! python3 -c 'import rfdetr, snakemake' 2>/dev/null; th
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
 fi
 export PYTHONPATH=/tmp/site:$PWD:$PWD/src
-if [ ! -f "$DATA/annotations/instances_val2017.json" ]; then
+if [ "$phase" != parts ] && [ ! -f "$DATA/annotations/instances_val2017.json" ]; then
   python3 bench/synth_coco.py "$DATA" "${N_TRAIN:-4096}" "${N_VAL:-500}" --detail "${DETAIL:-photo}" \
     ${DISTINCT_TRAIN:+--distinct-train "$DISTINCT_TRAIN"}
 fi
@@ -124,6 +125,17 @@ case $phase in
                 | without_progress_bars > "$OUT/validation-$name.log"
             done
             kill $dmon || true
+            exit 0 ;;
+  parts)    # bench.part_times for each run of RUNS, one after the other on GPU 0: "name|environment", the environment
+            # as VAR=value words (Inductor's settings, for example); the first run is the baseline. Each run's table
+            # and log go straight to $OUT, so what ran comes back even when the call's time runs out
+            IFS=';' read -ra runs <<< "${RUNS:-base|}"
+            for run in "${runs[@]}"; do
+              name=${run%%|*}; environment=${run#*|}
+              env $environment CUDA_VISIBLE_DEVICES=0 timeout -k 30 "${LIMIT:-500}" python3 -m bench.part_times \
+                --kernels "${KERNELS:-12}" --only "${ONLY:-.*}" ${ARGS:-} --out "$OUT/parts-$name.json" > "$OUT/parts-$name.log" 2>&1 \
+                || echo "$name failed: $?" >> "$OUT/parts-$name.log"
+            done
             exit 0 ;;
   noise)    # the stock recipe on GPU 0 and GPU 1 at the same time, same set, seed and epochs: how far two runs of
             # the same recipe drift apart step by step, to read a lever's loss differences against (bench.side_by_side)
