@@ -9,7 +9,8 @@ patches that `--speedups` selects in place, runs one step on synthetic images an
 part (PARTS) was called with. Then, for each part: its calls of that step, each compiled on its own (torch.compile,
 static shapes, unless --no-compile) and run forward under the recipe's autocast (bf16 on the GPU) and backward with
 fixed random output gradients, `--repeats` times after `--warmup`. The loss (rfdetr's criterion with its Hungarian
-matching, on the step's outputs) and the optimizer (torch's AdamW, fused on the GPU, over every parameter) are
+matching, on the step's outputs; its layer-batched losses compiled on the GPU unless --no-compile, as rfdetr runs
+them for a model compiled for one shape) and the optimizer (torch's AdamW, fused on the GPU, over every parameter) are
 timed the same way, and the whole step (the compiled model, the loss, the backward and the optimizer) last.
 `--only` times only the rows whose label it finds ("loss" for the loss alone); `--kernels N` lists each row's N
 kernels with the most GPU time (on the GPU).
@@ -225,6 +226,9 @@ def measure(
     params = [p for p in model.parameters() if p.requires_grad]
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
     compiled = (lambda f: torch.compile(f, dynamic=False)) if compile_parts else (lambda f: f)
+    if compile_parts:
+        # as rfdetr does for a model compiled for one input shape (and the static_cuda_graphs speedup)
+        criterion.enable_compiled_detection_losses()
 
     def loss_of(outputs: Any) -> Tensor:
         losses = criterion(outputs, targets)
