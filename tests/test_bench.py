@@ -743,3 +743,62 @@ def test_the_part_times_cover_every_part_of_a_real_step_and_each_rest_is_what_it
     assert result["whole_step_ms"] > 0 and result["measure"] == "wall ms per step"
     for row in result["rows"]:
         assert f"{row['ms']:9.2f}" in printed and row["part"] in printed
+
+
+def test_the_decoder_self_attention_variants_give_rfdetrs_values_and_gradients():
+    """bench.decoder_self_attention against rfdetr's own decoder layer (real Nano, 64 px, training mode, float32):
+    its copy of rfdetr's block gives what the layer's attention gave, the layer with `GroupedSelfAttention` swapped
+    in (the lean path taken, not nn.MultiheadAttention's) gives the layer's output and gradients, and the grouped
+    views give the block's."""
+    from unittest.mock import patch
+
+    import torch
+    from torch import nn
+
+    from bench.decoder_self_attention import GroupedSelfAttention, grouped_views_block, measure, rfdetr_block
+    from bench.flops import synthetic_batch, training_module
+    from bench.part_times import captured_calls, detached
+
+    module = training_module(64, 2)
+    samples, targets = synthetic_batch(2, 64)
+    with captured_calls(module.model) as calls:
+        module.model(samples, targets)
+    call = next(c for c in calls if c.path == "transformer.decoder.layers.0")
+    layer, tgt, query_pos = call.module, call.args[0], call.kwargs["query_pos"]
+    grad = torch.randn(tgt.shape, generator=torch.Generator().manual_seed(1))
+
+    def layer_run() -> list:
+        args, kwargs = detached(call.args), detached(call.kwargs)
+        args[0].requires_grad_(True)
+        out = layer(*args, **kwargs)
+        out.backward(grad)
+        grads = [args[0].grad, *(p.grad.clone() for p in layer.self_attn.parameters())]
+        layer.zero_grad(set_to_none=True)
+        return [out.detach(), *grads]
+
+    attended = []
+    handle = layer.self_attn.register_forward_hook(lambda m, i, o: attended.append(o[0].detach()))
+    expected = layer_run()
+    handle.remove()
+    assert torch.allclose(rfdetr_block(layer.self_attn, tgt, query_pos), torch.cat(attended[0].split(2, 0), 1))
+    layer.self_attn.__class__ = GroupedSelfAttention
+    try:
+        with patch.object(nn.MultiheadAttention, "forward", side_effect=AssertionError("fell back")):
+            lean = layer_run()
+    finally:
+        layer.self_attn.__class__ = nn.MultiheadAttention
+    for want, got in zip(expected, lean, strict=True):
+        assert torch.allclose(want, got, rtol=1e-4, atol=1e-5)
+
+    inputs = [tgt.detach().clone().requires_grad_(True), query_pos.detach().clone().requires_grad_(True)]
+    results = []
+    for block in (rfdetr_block, grouped_views_block):
+        out = block(layer.self_attn, *inputs)
+        out.backward(grad)
+        results.append([out.detach(), *(t.grad.clone() for t in inputs), layer.self_attn.in_proj_weight.grad.clone()])
+        for t in [*inputs, *layer.self_attn.parameters()]:
+            t.grad = None
+    for want, got in zip(*results, strict=True):
+        assert torch.allclose(want, got, rtol=1e-4, atol=1e-5)
+    timed = measure(1, 1, 0, compile_blocks=False)
+    assert set(timed["ms_per_step"]) == {"rfdetr", "lean_module", "grouped_views"}

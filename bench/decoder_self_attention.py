@@ -1,0 +1,174 @@
+"""The decoder's grouped self-attention three ways, timed side by side: rfdetr's, and two that compute the same
+function with fewer copies.
+
+usage: python -m bench.decoder_self_attention [--batch 128] [--repeats 20] [--warmup 3] [--no-compile] [--out FILE.json]
+
+In training, rfdetr's decoder layer splits its 3,900 queries into 13 groups of 300 that attend only within their
+group: it adds the query positions, regroups the (batch, 3,900, 256) queries and values into (13 x batch, 300, 256)
+with `split` and `cat`, calls `nn.MultiheadAttention` (8 heads of 32, batch first), and regroups the output back.
+`nn.MultiheadAttention` itself transposes its inputs to sequence-first, projects queries, keys and values with three
+matrix products (the queries are the keys, but the values differ), and moves the heads around the attention kernel.
+
+- `rfdetr`: that block as rfdetr's layer runs it (`rfdetr_block`).
+- `lean_module`: the same block with `GroupedSelfAttention` in place of `nn.MultiheadAttention`: the same parameters,
+  queries and keys projected in one matrix product, heads as views for `scaled_dot_product_attention`, no transposes.
+  It only swaps the module's class, so it could be applied to rfdetr's layer as it is.
+- `grouped_views`: no regrouping copies either: the groups and heads are views of the (batch, 3,900, ...)
+  projections (`grouped_views_block`); applying it would mean replacing rfdetr's decoder layer's forward.
+
+Each is compiled on its own (torch.compile, static shapes, unless --no-compile) and run forward under bf16 autocast
+and backward, on random queries and positions; figures are GPU-busy ms per training step (two decoder layers),
+as in bench.part_times. All three give the same values and gradients up to rounding
+(tests/test_bench.py checks that against rfdetr's own layer on the CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from bench.part_times import Timer, forward_and_backward
+
+GROUPS, QUERIES_PER_GROUP, WIDTH, HEADS = 13, 300, 256, 8  # rfdetr Nano in training
+LAYERS = 2
+
+
+class GroupedSelfAttention(nn.MultiheadAttention):
+    """`nn.MultiheadAttention` with the same parameters and results, computed without its transposes when called as
+    rfdetr's decoder calls it (batch first, the query tensor also the key, no masks, no attention weights wanted):
+    queries and keys come from one matrix product, the heads are views handed to `scaled_dot_product_attention`.
+    Any other call goes to `nn.MultiheadAttention.forward`."""
+
+    def forward(  # type: ignore[override]
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        key_padding_mask: Tensor | None = None,
+        need_weights: bool = True,
+        attn_mask: Tensor | None = None,
+        average_attn_weights: bool = True,
+        is_causal: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        lean = (
+            query is key
+            and self.batch_first
+            and self._qkv_same_embed_dim
+            and self.in_proj_bias is not None
+            and self.bias_k is None
+            and not self.add_zero_attn
+            and not need_weights
+            and attn_mask is None
+            and key_padding_mask is None
+            and not is_causal
+        )
+        if not lean:
+            return super().forward(
+                query, key, value, key_padding_mask, need_weights, attn_mask, average_attn_weights, is_causal
+            )
+        width, heads = self.embed_dim, self.num_heads
+        batch, length, _ = query.shape
+        weight, bias = self.in_proj_weight, self.in_proj_bias
+        query_key = F.linear(query, weight[: 2 * width], bias[: 2 * width]).view(batch, length, 2, heads, -1)
+        q, k = query_key.permute(2, 0, 3, 1, 4).unbind(0)
+        v = F.linear(value, weight[2 * width :], bias[2 * width :]).view(batch, length, heads, -1).transpose(1, 2)
+        dropout = self.dropout if self.training else 0.0
+        attended = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)
+        return self.out_proj(attended.transpose(1, 2).reshape(batch, length, width)), None
+
+
+def rfdetr_block(attention: nn.MultiheadAttention, tgt: Tensor, query_pos: Tensor) -> Tensor:
+    """The self-attention of rfdetr 1.11.2's `TransformerDecoderLayer.forward_post` in training, up to the residual:
+    positions added, queries regrouped into (groups x batch, 300, width), attention, regrouped back."""
+    batch, queries, _ = tgt.shape
+    q = k = tgt + query_pos
+    q = torch.cat(q.split(queries // GROUPS, dim=1), dim=0)
+    k = q
+    v = torch.cat(tgt.split(queries // GROUPS, dim=1), dim=0)
+    out = attention(q, k, v, need_weights=False)[0]
+    return torch.cat(out.split(batch, dim=0), dim=1)
+
+
+def grouped_views_block(attention: nn.MultiheadAttention, tgt: Tensor, query_pos: Tensor) -> Tensor:
+    """`rfdetr_block`'s values without regrouping copies: the projections of all 3,900 queries are viewed as
+    (batch x groups, heads, 300, head width), which `scaled_dot_product_attention` takes as they are."""
+    batch, queries, width = tgt.shape
+    heads, per_group = attention.num_heads, queries // GROUPS
+    weight, bias = attention.in_proj_weight, attention.in_proj_bias
+    query_key = F.linear(tgt + query_pos, weight[: 2 * width], bias[: 2 * width])
+    query_key = query_key.view(batch, GROUPS, per_group, 2, heads, -1).permute(3, 0, 1, 4, 2, 5)
+    q, k = query_key.reshape(2, batch * GROUPS, heads, per_group, -1).unbind(0)
+    v = F.linear(tgt, weight[2 * width :], bias[2 * width :]).view(batch, GROUPS, per_group, heads, -1)
+    v = v.permute(0, 1, 3, 2, 4).reshape(batch * GROUPS, heads, per_group, -1)
+    dropout = attention.dropout if attention.training else 0.0
+    attended = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)
+    attended = attended.view(batch, GROUPS, heads, per_group, -1).permute(0, 1, 3, 2, 4).reshape(batch, queries, width)
+    return attention.out_proj(attended)
+
+
+def lean_copy(attention: nn.MultiheadAttention) -> GroupedSelfAttention:
+    """A `GroupedSelfAttention` sharing `attention`'s parameters."""
+    import copy
+
+    lean = copy.copy(attention)
+    lean.__class__ = GroupedSelfAttention
+    return lean  # type: ignore[return-value]
+
+
+VARIANTS: dict[str, Callable[[nn.MultiheadAttention], Callable[[Tensor, Tensor], Tensor]]] = {
+    "rfdetr": lambda attention: lambda tgt, pos: rfdetr_block(attention, tgt, pos),
+    "lean_module": lambda attention: lambda tgt, pos: rfdetr_block(lean_copy(attention), tgt, pos),
+    "grouped_views": lambda attention: lambda tgt, pos: grouped_views_block(attention, tgt, pos),
+}
+
+
+def measure(batch: int, repeats: int, warmup: int, compile_blocks: bool) -> dict[str, Any]:
+    """GPU-busy (CPU: wall) ms per training step of each variant, forward and backward, for the decoder's layers."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(0)
+    attention = nn.MultiheadAttention(WIDTH, HEADS, dropout=0.0, batch_first=True).to(device).train()
+    shape = (batch, GROUPS * QUERIES_PER_GROUP, WIDTH)
+    tgt = torch.randn(shape, device=device, requires_grad=True)
+    query_pos = torch.randn(shape, device=device, requires_grad=True)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+    time_of = Timer(device, repeats, warmup)
+    result: dict[str, Any] = {"batch": batch, "device": str(device), "compiled": compile_blocks, "ms_per_step": {}}
+    params = list(attention.parameters())
+    for name, make in VARIANTS.items():
+        block = make(attention)
+        function = torch.compile(block, dynamic=False) if compile_blocks else block
+        work = forward_and_backward(lambda t, p, f=function: (f(t, p),), (tgt, query_pos), {}, autocast, params)
+        result["ms_per_step"][name] = round(LAYERS * time_of(work), 3)
+        if device.type == "cuda":
+            result.setdefault("kernels", {})[name] = [
+                {"kernel": kernel[:120], "ms": round(LAYERS * ms, 3)} for kernel, ms in time_of.kernels.most_common(8)
+            ]
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    result = measure(args.batch, args.repeats, args.warmup, not args.no_compile)
+    base = result["ms_per_step"]["rfdetr"]
+    for name, ms in result["ms_per_step"].items():
+        print(f"{ms:9.3f} ms per step  {base / ms:5.2f}x  {name}")
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
