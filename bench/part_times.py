@@ -117,7 +117,7 @@ def part_of(path: str, inside: tuple[str, ...]) -> list[str]:
     for part in PARTS:
         if not re.fullmatch(part.paths, path):
             continue
-        if part.parent is None and not running & TOP_LEVEL or part.parent in running:
+        if (part.parent is None and not running & TOP_LEVEL) or part.parent in running:
             rows.append(part.label)
     return rows
 
