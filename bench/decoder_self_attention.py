@@ -24,18 +24,14 @@ as in bench.part_times. All three give the same values and gradients up to round
 
 from __future__ import annotations
 
-import argparse
-import json
 from collections.abc import Callable
-from contextlib import nullcontext
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bench.part_times import Timer, forward_and_backward
+from bench.part_times import Timer, side_by_side, side_by_side_main
 
 GROUPS, QUERIES_PER_GROUP, WIDTH, HEADS = 13, 300, 256, 8  # rfdetr Nano in training
 LAYERS = 2
@@ -136,39 +132,15 @@ def measure(batch: int, repeats: int, warmup: int, compile_blocks: bool) -> dict
     torch.manual_seed(0)
     attention = nn.MultiheadAttention(WIDTH, HEADS, dropout=0.0, batch_first=True).to(device).train()
     shape = (batch, GROUPS * QUERIES_PER_GROUP, WIDTH)
-    tgt = torch.randn(shape, device=device, requires_grad=True)
-    query_pos = torch.randn(shape, device=device, requires_grad=True)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
-    time_of = Timer(device, repeats, warmup)
-    result: dict[str, Any] = {"batch": batch, "device": str(device), "compiled": compile_blocks, "ms_per_step": {}}
-    params = list(attention.parameters())
-    for name, make in VARIANTS.items():
-        block = make(attention)
-        function = torch.compile(block, dynamic=False) if compile_blocks else block
-        work = forward_and_backward(lambda t, p, f=function: (f(t, p),), (tgt, query_pos), {}, autocast, params)
-        result["ms_per_step"][name] = round(LAYERS * time_of(work), 3)
-        if device.type == "cuda":
-            result.setdefault("kernels", {})[name] = [
-                {"kernel": kernel[:120], "ms": round(LAYERS * ms, 3)} for kernel, ms in time_of.kernels.most_common(8)
-            ]
-    return result
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--batch", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--no-compile", action="store_true")
-    parser.add_argument("--out", type=Path)
-    args = parser.parse_args()
-    result = measure(args.batch, args.repeats, args.warmup, not args.no_compile)
-    base = result["ms_per_step"]["rfdetr"]
-    for name, ms in result["ms_per_step"].items():
-        print(f"{ms:9.3f} ms per step  {base / ms:5.2f}x  {name}")
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
+    inputs = (
+        torch.randn(shape, device=device, requires_grad=True),
+        torch.randn(shape, device=device, requires_grad=True),
+    )
+    blocks = {name: make(attention) for name, make in VARIANTS.items()}
+    timer = Timer(device, repeats, warmup)
+    result = side_by_side(blocks, inputs, list(attention.parameters()), timer, compile_blocks, LAYERS)
+    return {"batch": batch, **result}
 
 
 if __name__ == "__main__":
-    main()
+    side_by_side_main(__doc__, measure)

@@ -202,6 +202,48 @@ def forward_and_backward(
     return work
 
 
+def side_by_side(
+    blocks: dict[str, Callable[..., Tensor]],
+    inputs: tuple[Tensor, ...],
+    params: list[nn.Parameter],
+    timer: Timer,
+    compile_blocks: bool,
+    calls_per_step: int = 1,
+) -> dict[str, Any]:
+    """Each block of `blocks` on `inputs`, compiled on its own unless not `compile_blocks`, forward (bf16 autocast on
+    CUDA) and backward, timed by `timer`: ms per step (`calls_per_step` calls) and, on CUDA, its costliest kernels."""
+    device = inputs[0].device
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+    result: dict[str, Any] = {"device": str(device), "compiled": compile_blocks, "ms_per_step": {}}
+    for name, block in blocks.items():
+        function = torch.compile(block, dynamic=False) if compile_blocks else block
+        work = forward_and_backward(lambda *a, f=function: (f(*a),), inputs, {}, autocast, params)
+        result["ms_per_step"][name] = round(calls_per_step * timer(work), 3)
+        if timer.kernels:
+            result.setdefault("kernels", {})[name] = [
+                {"kernel": kernel[:120], "ms": round(calls_per_step * ms, 3)}
+                for kernel, ms in timer.kernels.most_common(8)
+            ]
+    first = next(iter(result["ms_per_step"].values()))
+    for name, ms in result["ms_per_step"].items():
+        print(f"{ms:9.3f} ms per step  {first / ms:5.2f}x  {name}")
+    return result
+
+
+def side_by_side_main(description: str, measure: Callable[[int, int, int, bool], dict[str, Any]]) -> None:
+    """The command line of a side-by-side tool: --batch, --repeats, --warmup, --no-compile, --out."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    result = measure(args.batch, args.repeats, args.warmup, not args.no_compile)
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+
+
 LOSS, OPTIMIZER, WHOLE = "loss (matching, criterion)", "optimizer (AdamW step)", "whole step"
 
 

@@ -802,3 +802,43 @@ def test_the_decoder_self_attention_variants_give_rfdetrs_values_and_gradients()
         assert torch.allclose(want, got, rtol=1e-4, atol=1e-5)
     timed = measure(1, 1, 0, compile_blocks=False)
     assert set(timed["ms_per_step"]) == {"rfdetr", "lean_module", "grouped_views"}
+
+
+def test_the_decoder_ffn_with_the_relu_in_the_products_epilogue_gives_rfdetrs_values_and_gradients():
+    """bench.decoder_ffn against rfdetr's own decoder layer (real Nano, 64 px, training mode, float32): its copy of
+    rfdetr's feed-forward block gives what the layer's norm3 gave, and the block through `LinearReLU` gives the
+    same values and gradients (of the queries and of every parameter)."""
+    import torch
+
+    from bench.decoder_ffn import measure, relu_epilogue_block, rfdetr_block
+    from bench.flops import synthetic_batch, training_module
+    from bench.part_times import captured_calls, detached
+
+    module = training_module(64, 2)
+    samples, targets = synthetic_batch(2, 64)
+    with captured_calls(module.model) as calls:
+        module.model(samples, targets)
+    call = next(c for c in calls if c.path == "transformer.decoder.layers.1")
+    layer = call.module
+    seen = {}
+    handles = [
+        getattr(layer, name).register_forward_hook(lambda m, i, o, name=name: seen.setdefault(name, o.detach()))
+        for name in ("norm2", "norm3")
+    ]
+    layer(*detached(call.args), **detached(call.kwargs))
+    for handle in handles:
+        handle.remove()
+    assert torch.allclose(rfdetr_block(layer, seen["norm2"]), seen["norm3"], atol=1e-6)
+
+    grad = torch.randn(seen["norm2"].shape, generator=torch.Generator().manual_seed(2))
+    results = []
+    for block in (rfdetr_block, relu_epilogue_block):
+        tgt = seen["norm2"].clone().requires_grad_(True)
+        out = block(layer, tgt)
+        out.backward(grad)
+        params = [layer.linear1.weight, layer.linear1.bias, layer.linear2.weight, layer.norm3.weight]
+        results.append([out.detach(), tgt.grad, *(p.grad.clone() for p in params)])
+        layer.zero_grad(set_to_none=True)
+    for want, got in zip(*results, strict=True):
+        assert torch.allclose(want, got, rtol=1e-4, atol=1e-5)
+    assert set(measure(1, 1, 0, compile_blocks=False)["ms_per_step"]) == {"rfdetr", "relu_epilogue"}

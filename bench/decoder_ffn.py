@@ -1,0 +1,94 @@
+"""The decoder's feed-forward block two ways, timed side by side: rfdetr's, and one whose first matrix product adds
+the bias and applies the ReLU in cuBLASLt's epilogue.
+
+usage: python -m bench.decoder_ffn [--batch 128] [--repeats 20] [--warmup 3] [--no-compile] [--out FILE.json]
+
+In training, each of rfdetr Nano's two decoder layers ends with `norm3(tgt + linear2(relu(linear1(tgt))))` over
+(batch, 3,900, 256) queries, 2,048 wide inside: at batch 128 the hidden activation is 499,200 x 2,048, 2 GB in
+bf16. Compiled, the first product writes it before the bias and ReLU, and a fused element-wise kernel reads it and
+writes it again.
+
+- `rfdetr`: the block as rfdetr's layer computes it (`rfdetr_block`).
+- `relu_epilogue`: the first product, its bias and the ReLU in one call of `torch._addmm_activation` (cuBLASLt's
+  bias-and-ReLU epilogue on CUDA; the hidden activation is written once), with its own backward (`LinearReLU`).
+
+Each is compiled on its own (torch.compile, static shapes, unless --no-compile), run forward under bf16 autocast and
+backward, on random queries; figures are GPU-busy ms per training step (both decoder layers), as in
+bench.part_times. Both give the same values and gradients up to rounding (tests/test_bench.py checks that against
+rfdetr's own layer on the CPU).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from bench.part_times import Timer, side_by_side, side_by_side_main
+
+QUERIES, WIDTH, HIDDEN, LAYERS = 3900, 256, 2048, 2  # rfdetr Nano in training
+
+
+class LinearReLU(torch.autograd.Function):
+    """relu(x @ weight.T + bias) for 2-D `x`, forward in one `torch._addmm_activation` call; the backward masks the
+    incoming gradient where the output is zero, as ReLU's backward does."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+        out = torch._addmm_activation(bias, x, weight.t())
+        ctx.save_for_backward(x, weight, out)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        x, weight, out = ctx.saved_tensors
+        grad = grad * (out > 0)
+        return grad @ weight, grad.t() @ x, grad.sum(0)
+
+
+def rfdetr_block(layer: nn.Module, tgt: Tensor) -> Tensor:
+    """The feed-forward block of rfdetr 1.11.2's `TransformerDecoderLayer.forward_post`: FFN, residual, norm3."""
+    return layer.norm3(tgt + layer.linear2(layer.dropout(layer.activation(layer.linear1(tgt)))))
+
+
+def relu_epilogue_block(layer: nn.Module, tgt: Tensor) -> Tensor:
+    """`rfdetr_block` with the first product, its bias and the ReLU in one call (`LinearReLU`). Under autocast the
+    inputs are cast as autocast casts a linear layer's."""
+    linear1 = layer.linear1
+    dtype = torch.get_autocast_dtype(tgt.device.type) if torch.is_autocast_enabled(tgt.device.type) else tgt.dtype
+    with torch.autocast(tgt.device.type, enabled=False):
+        flat = tgt.reshape(-1, tgt.shape[-1]).to(dtype)
+        hidden = LinearReLU.apply(flat, linear1.weight.to(dtype), linear1.bias.to(dtype))
+    hidden = layer.dropout(hidden.view(*tgt.shape[:-1], -1))
+    return layer.norm3(tgt + layer.linear2(hidden))
+
+
+class FeedForward(nn.Module):
+    """The parameters of a decoder layer's feed-forward block, with rfdetr's names, for timing without rfdetr."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear1, self.linear2 = nn.Linear(WIDTH, HIDDEN), nn.Linear(HIDDEN, WIDTH)
+        self.dropout, self.norm3 = nn.Dropout(0.0), nn.LayerNorm(WIDTH)
+        self.activation = F.relu
+
+
+BLOCKS = {"rfdetr": rfdetr_block, "relu_epilogue": relu_epilogue_block}
+
+
+def measure(batch: int, repeats: int, warmup: int, compile_blocks: bool) -> dict[str, Any]:
+    """GPU-busy (CPU: wall) ms per training step of each block, forward and backward, for the decoder's layers."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(0)
+    layer = FeedForward().to(device).train()
+    tgt = torch.randn(batch, QUERIES, WIDTH, device=device, requires_grad=True)
+    blocks = {name: partial(block, layer) for name, block in BLOCKS.items()}
+    timer = Timer(device, repeats, warmup)
+    return {"batch": batch, **side_by_side(blocks, (tgt,), list(layer.parameters()), timer, compile_blocks, LAYERS)}
+
+
+if __name__ == "__main__":
+    side_by_side_main(__doc__, measure)
