@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -95,3 +96,12 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             f"{len(GPU_LEFT_OUT)} GPU tests (marked gpu) were left out; on a machine with an NVIDIA GPU run them "
             'with: .venv/bin/pytest -m gpu -o addopts=""'
         )
+
+
+@pytest.fixture
+def closed_port() -> Iterator[int]:
+    """A port on 127.0.0.1 that refuses connections: bound, never listening, and held for the whole test, so no
+    other test's server can take it in the meantime."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        yield held.getsockname()[1]

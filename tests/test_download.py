@@ -92,12 +92,9 @@ def test_http_404_fails_at_once_with_a_hint_about_the_url(server, archives, tmp_
     assert len(server.requests) == 1
 
 
-def test_an_unreachable_server_is_reported_after_bounded_retries(tmp_path):
-    with socket.socket() as probe:  # a port nobody listens on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+def test_an_unreachable_server_is_reported_after_bounded_retries(tmp_path, closed_port):
     with pytest.raises(StageError, match=r"failed after 3 tries.*run snakemake again"):
-        download(f"http://127.0.0.1:{port}/val2017.zip", tmp_path / "val2017.zip", "0" * 32, **FAST)
+        download(f"http://127.0.0.1:{closed_port}/val2017.zip", tmp_path / "val2017.zip", "0" * 32, **FAST)
 
 
 def test_not_enough_disk_is_refused_before_any_byte_is_fetched(server, archives, small_tmpfs):
@@ -136,13 +133,11 @@ def test_a_host_whose_name_does_not_resolve_is_named_as_such():
     assert connection_problem(url, error) == "no connection to images.cocodataset.example (its name does not resolve)"
 
 
-def test_a_failed_download_says_whether_anything_was_kept(server, archives, tmp_path):
-    closed = socket.socket()
-    closed.bind(("127.0.0.1", 0))
-    port = closed.getsockname()[1]
-    closed.close()  # nothing listens there
+def test_a_failed_download_says_whether_anything_was_kept(server, archives, tmp_path, closed_port):
     with pytest.raises(StageError) as refused:
-        download(f"http://127.0.0.1:{port}/val2017.zip", tmp_path / "val2017.zip", "0" * 32, **FAST, archive="val2017")
+        download(
+            f"http://127.0.0.1:{closed_port}/val2017.zip", tmp_path / "val2017.zip", "0" * 32, **FAST, archive="val2017"
+        )
     message = str(refused.value)
     assert "no connection to 127.0.0.1 (the connection was refused)" in message
     assert "Check the network, or archives.val2017.url in config.yaml" in message

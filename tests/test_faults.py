@@ -12,7 +12,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import time
 import zipfile
 from pathlib import Path
@@ -56,16 +55,10 @@ def assert_nothing_trained(workdir: Path) -> None:
 # ------------------------------------------------------------------------------------------------ network ----
 
 
-def closed_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def test_an_unreachable_server_stops_the_download_then_a_rerun_completes(workdir, server, archives):
+def test_an_unreachable_server_stops_the_download_then_a_rerun_completes(workdir, server, archives, closed_port):
     config = tiny_config(workdir, server.url, archives)
     good_url = config["archives"]["val2017"]["url"]
-    config["archives"]["val2017"]["url"] = f"http://127.0.0.1:{closed_port()}/val2017.zip"
+    config["archives"]["val2017"]["url"] = f"http://127.0.0.1:{closed_port}/val2017.zip"
     write_config(workdir, config)
     failed = run_snakemake(workdir, VERIFIED)
     assert failed.returncode != 0 and "Download failed after 3 tries: no connection to 127.0.0.1" in failed.stdout
