@@ -14,7 +14,7 @@ writes it again.
 
 Each is compiled on its own (torch.compile, static shapes, unless --no-compile), run forward under bf16 autocast and
 backward, on random queries; figures are GPU-busy ms per training step (both decoder layers), as in
-bench.part_times. Both give the same values and gradients up to rounding (tests/test_bench.py checks that against
+bench.block_timing. Both give the same values and gradients up to rounding (tests/test_bench.py checks that against
 rfdetr's own layer on the CPU).
 """
 
@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bench.part_times import Timer, side_by_side, side_by_side_main
+from bench.block_timing import Timer, side_by_side, side_by_side_main
 
 QUERIES, WIDTH, HIDDEN, LAYERS = 3900, 256, 2048, 2  # rfdetr Nano in training
 

@@ -18,20 +18,21 @@ matrix products (the queries are the keys, but the values differ), and moves the
 
 Each is compiled on its own (torch.compile, static shapes, unless --no-compile) and run forward under bf16 autocast
 and backward, on random queries and positions; figures are GPU-busy ms per training step (two decoder layers),
-as in bench.part_times. All three give the same values and gradients up to rounding
+as in bench.block_timing. All three give the same values and gradients up to rounding
 (tests/test_bench.py checks that against rfdetr's own layer on the CPU).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import copy
+from functools import partial
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bench.part_times import Timer, side_by_side, side_by_side_main
+from bench.block_timing import Timer, side_by_side, side_by_side_main
 
 GROUPS, QUERIES_PER_GROUP, WIDTH, HEADS = 13, 300, 256, 8  # rfdetr Nano in training
 LAYERS = 2
@@ -112,18 +113,9 @@ def grouped_views_block(attention: nn.MultiheadAttention, tgt: Tensor, query_pos
 
 def lean_copy(attention: nn.MultiheadAttention) -> GroupedSelfAttention:
     """A `GroupedSelfAttention` sharing `attention`'s parameters."""
-    import copy
-
     lean = copy.copy(attention)
     lean.__class__ = GroupedSelfAttention
     return lean  # type: ignore[return-value]
-
-
-VARIANTS: dict[str, Callable[[nn.MultiheadAttention], Callable[[Tensor, Tensor], Tensor]]] = {
-    "rfdetr": lambda attention: lambda tgt, pos: rfdetr_block(attention, tgt, pos),
-    "lean_module": lambda attention: lambda tgt, pos: rfdetr_block(lean_copy(attention), tgt, pos),
-    "grouped_views": lambda attention: lambda tgt, pos: grouped_views_block(attention, tgt, pos),
-}
 
 
 def measure(batch: int, repeats: int, warmup: int, compile_blocks: bool) -> dict[str, Any]:
@@ -136,7 +128,11 @@ def measure(batch: int, repeats: int, warmup: int, compile_blocks: bool) -> dict
         torch.randn(shape, device=device, requires_grad=True),
         torch.randn(shape, device=device, requires_grad=True),
     )
-    blocks = {name: make(attention) for name, make in VARIANTS.items()}
+    blocks = {
+        "rfdetr": partial(rfdetr_block, attention),
+        "lean_module": partial(rfdetr_block, lean_copy(attention)),
+        "grouped_views": partial(grouped_views_block, attention),
+    }
     timer = Timer(device, repeats, warmup)
     result = side_by_side(blocks, inputs, list(attention.parameters()), timer, compile_blocks, LAYERS)
     return {"batch": batch, **result}

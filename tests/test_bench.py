@@ -755,9 +755,10 @@ def test_the_decoder_self_attention_variants_give_rfdetrs_values_and_gradients()
     import torch
     from torch import nn
 
+    from bench.block_timing import detached
     from bench.decoder_self_attention import GroupedSelfAttention, grouped_views_block, measure, rfdetr_block
     from bench.flops import synthetic_batch, training_module
-    from bench.part_times import captured_calls, detached
+    from bench.part_times import captured_calls
 
     module = training_module(64, 2)
     samples, targets = synthetic_batch(2, 64)
@@ -810,9 +811,10 @@ def test_the_decoder_ffn_with_the_relu_in_the_products_epilogue_gives_rfdetrs_va
     same values and gradients (of the queries and of every parameter)."""
     import torch
 
+    from bench.block_timing import detached
     from bench.decoder_ffn import measure, relu_epilogue_block, rfdetr_block
     from bench.flops import synthetic_batch, training_module
-    from bench.part_times import captured_calls, detached
+    from bench.part_times import captured_calls
 
     module = training_module(64, 2)
     samples, targets = synthetic_batch(2, 64)
