@@ -10,7 +10,8 @@ writes it again.
 
 - `rfdetr`: the block as rfdetr's layer computes it (`rfdetr_block`).
 - `relu_epilogue`: the first product, its bias and the ReLU in one call of `torch._addmm_activation` (cuBLASLt's
-  bias-and-ReLU epilogue on CUDA; the hidden activation is written once), with its own backward (`LinearReLU`).
+  bias-and-ReLU epilogue on CUDA; the hidden activation is written once), with its own backward
+  (`LinearReLU`): the registry's `decoder_relu_in_the_product`.
 
 Each is compiled on its own (torch.compile, static shapes, unless --no-compile), run forward under bf16 autocast and
 backward, on random queries; figures are GPU-busy ms per training step (both decoder layers), as in
@@ -28,25 +29,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bench.block_timing import Timer, side_by_side, side_by_side_main
+from rfdetr_coco_pipeline.hooks.patches.decoder_layer import linear_relu
 
 QUERIES, WIDTH, HIDDEN, LAYERS = 3900, 256, 2048, 2  # rfdetr Nano in training
-
-
-class LinearReLU(torch.autograd.Function):
-    """relu(x @ weight.T + bias) for 2-D `x`, forward in one `torch._addmm_activation` call; the backward masks the
-    incoming gradient where the output is zero, as ReLU's backward does."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
-        out = torch._addmm_activation(bias, x, weight.t())
-        ctx.save_for_backward(x, weight, out)
-        return out
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        x, weight, out = ctx.saved_tensors
-        grad = grad * (out > 0)
-        return grad @ weight, grad.t() @ x, grad.sum(0)
 
 
 def rfdetr_block(layer: nn.Module, tgt: Tensor) -> Tensor:
@@ -55,15 +40,9 @@ def rfdetr_block(layer: nn.Module, tgt: Tensor) -> Tensor:
 
 
 def relu_epilogue_block(layer: nn.Module, tgt: Tensor) -> Tensor:
-    """`rfdetr_block` with the first product, its bias and the ReLU in one call (`LinearReLU`). Under autocast the
-    inputs are cast as autocast casts a linear layer's."""
-    linear1 = layer.linear1
-    dtype = torch.get_autocast_dtype(tgt.device.type) if torch.is_autocast_enabled(tgt.device.type) else tgt.dtype
-    with torch.autocast(tgt.device.type, enabled=False):
-        flat = tgt.reshape(-1, tgt.shape[-1]).to(dtype)
-        hidden = LinearReLU.apply(flat, linear1.weight.to(dtype), linear1.bias.to(dtype))
-    hidden = layer.dropout(hidden.view(*tgt.shape[:-1], -1))
-    return layer.norm3(tgt + layer.linear2(hidden))
+    """`rfdetr_block` with the first product, its bias and the ReLU in one call: the registry's
+    `decoder_relu_in_the_product` (`linear_relu`)."""
+    return layer.norm3(tgt + layer.linear2(layer.dropout(linear_relu(layer.linear1, tgt))))
 
 
 class FeedForward(nn.Module):

@@ -14,7 +14,7 @@ matrix products (the queries are the keys, but the values differ), and moves the
   queries and keys projected in one matrix product, heads as views for `scaled_dot_product_attention`, no transposes.
   It only swaps the module's class, so it could be applied to rfdetr's layer as it is.
 - `grouped_views`: no regrouping copies either: the groups and heads are views of the (batch, 3,900, ...)
-  projections (`grouped_views_block`); applying it would mean replacing rfdetr's decoder layer's forward.
+  projections (`grouped_views_block`); the registry's `decoder_attention_on_views`.
 
 Each is compiled on its own (torch.compile, static shapes, unless --no-compile) and run forward under bf16 autocast
 and backward, on random queries and positions; figures are GPU-busy ms per training step (two decoder layers),
@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bench.block_timing import Timer, side_by_side, side_by_side_main
+from rfdetr_coco_pipeline.hooks.patches.decoder_layer import grouped_self_attention
 
 GROUPS, QUERIES_PER_GROUP, WIDTH, HEADS = 13, 300, 256, 8  # rfdetr Nano in training
 LAYERS = 2
@@ -95,20 +96,9 @@ def rfdetr_block(attention: nn.MultiheadAttention, tgt: Tensor, query_pos: Tenso
 
 
 def grouped_views_block(attention: nn.MultiheadAttention, tgt: Tensor, query_pos: Tensor) -> Tensor:
-    """`rfdetr_block`'s values without regrouping copies: the projections of all 3,900 queries are viewed as
-    (batch x groups, heads, 300, head width), which `scaled_dot_product_attention` takes as they are."""
-    batch, queries, width = tgt.shape
-    heads, per_group = attention.num_heads, queries // GROUPS
-    weight, bias = attention.in_proj_weight, attention.in_proj_bias
-    query_key = F.linear(tgt + query_pos, weight[: 2 * width], bias[: 2 * width])
-    query_key = query_key.view(batch, GROUPS, per_group, 2, heads, -1).permute(3, 0, 1, 4, 2, 5)
-    q, k = query_key.reshape(2, batch * GROUPS, heads, per_group, -1).unbind(0)
-    v = F.linear(tgt, weight[2 * width :], bias[2 * width :]).view(batch, GROUPS, per_group, heads, -1)
-    v = v.permute(0, 1, 3, 2, 4).reshape(batch * GROUPS, heads, per_group, -1)
-    dropout = attention.dropout if attention.training else 0.0
-    attended = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)
-    attended = attended.view(batch, GROUPS, heads, per_group, -1).permute(0, 1, 3, 2, 4).reshape(batch, queries, width)
-    return attention.out_proj(attended)
+    """`rfdetr_block`'s values without regrouping copies: the registry's `decoder_attention_on_views`
+    (`grouped_self_attention`)."""
+    return grouped_self_attention(attention, tgt, query_pos, GROUPS)
 
 
 def lean_copy(attention: nn.MultiheadAttention) -> GroupedSelfAttention:

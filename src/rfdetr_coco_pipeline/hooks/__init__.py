@@ -106,6 +106,12 @@ DATA_MODULE = "rfdetr.training.module_data:RFDETRDataModule"
 # rfdetr's train() looks this up when it is called: wrapping it reaches the Trainer train() builds
 BUILD_TRAINER = ("rfdetr.training:build_trainer", "rfdetr.detr:RFDETR.train")
 SAMPLER_EPOCH = "lightning_fabric.utilities.data:_set_sampler_epoch"
+DECODER_LAYER_FORWARD = "rfdetr.models.transformer:TransformerDecoderLayer.forward_post"
+# the layer's attributes the lean forward uses, and the function that names its activation
+DECODER_LAYER_READS = (
+    "rfdetr.models.transformer:TransformerDecoderLayer.__init__",
+    "rfdetr.models.transformer:_get_activation_fn",
+)
 
 SPEEDUPS: tuple[Speedup, ...] = (
     _patch(
@@ -204,6 +210,20 @@ SPEEDUPS: tuple[Speedup, ...] = (
         "the decoder's bilinear sampling runs as Triton kernels on CUDA (needs Triton)",
         "tests/test_deformable_sampling.py::test_in_tritons_interpreter_the_kernels_give_grid_samples_values_and_gradients",
         needs=("triton",),
+    ),
+    _patch(
+        "decoder_attention_on_views",
+        (DECODER_LAYER_FORWARD,),
+        "in training the decoder's grouped self-attention works on views of the queries: no regrouping copies",
+        "tests/test_decoder_layer.py::test_each_lean_part_gives_rfdetrs_loss_and_gradients",
+        reads=DECODER_LAYER_READS,
+    ),
+    _patch(
+        "decoder_relu_in_the_product",
+        (DECODER_LAYER_FORWARD,),
+        "in training the decoder's first feed-forward product adds its bias and ReLU in cuBLASLt's epilogue",
+        "tests/test_decoder_layer.py::test_each_lean_part_gives_rfdetrs_loss_and_gradients",
+        reads=DECODER_LAYER_READS,
     ),
     _patch(
         "padding_in_one_copy",

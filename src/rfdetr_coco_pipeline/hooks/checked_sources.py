@@ -48,4 +48,7 @@ CHECKED: dict[str, tuple[str, ...]] = {
     "lightning_fabric.utilities.data:_set_sampler_epoch": ("f3f49c3ef373",),
     "rfdetr.training.callbacks.coco_eval:COCOEvalCallback._compute_map_metric": ("05189308f01a",),
     "rfdetr.training.module_model:RFDETRModelModule.validation_step": ("4962e315da0f",),
+    "rfdetr.models.transformer:TransformerDecoderLayer.forward_post": ("d82c6d7f49bb",),
+    "rfdetr.models.transformer:TransformerDecoderLayer.__init__": ("2ab0bfdc033f",),
+    "rfdetr.models.transformer:_get_activation_fn": ("20c97bd437df",),
 }
