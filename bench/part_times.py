@@ -220,7 +220,7 @@ def table(
     for label in rows:
         if parents[label] is None or parents[label] not in rows:
             add(label, 0)
-    top_sum = sum(ms for _, ms, _, depth in ordered if depth == 0) or 1.0
+    top_sum = sum(ms for _, ms, _, depth in ordered if depth == 0)
     return {
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
         "resolution": resolution,
@@ -228,14 +228,14 @@ def table(
         "compiled_per_part": compiled,
         "measure": "GPU-busy ms per step" if device.type == "cuda" else "wall ms per step",
         "whole_step_ms": None if whole is None else round(whole, 2),
-        "parts_sum_ms": round(top_sum, 2),
+        "parts_sum_ms": round(top_sum, 2) if ordered else None,
         "rows": [
             {
                 "part": label,
                 "within": parent,
                 "depth": depth,
                 "ms": round(ms, 2),
-                "share_of_parts_sum": round(ms / top_sum, 4),
+                "share_of_parts_sum": round(ms / top_sum, 4) if top_sum else 0.0,
             }
             for label, ms, parent, depth in ordered
         ],
@@ -272,7 +272,8 @@ def main() -> None:
     print(f"{result['measure']}, {args.batch} images at {args.resolution} px on {result['device']}:")
     for row in result["rows"]:
         print(f"  {row['ms']:9.2f}  {100 * row['share_of_parts_sum']:5.1f} %  {'  ' * row['depth']}{row['part']}")
-    print(f"  {result['parts_sum_ms']:9.2f}          the parts, timed apart")
+    if result["parts_sum_ms"] is not None:
+        print(f"  {result['parts_sum_ms']:9.2f}          the parts, timed apart")
     if result["whole_step_ms"] is not None:
         print(f"  {result['whole_step_ms']:9.2f}          the whole step")
     for label, kernels in result.get("kernels", {}).items():

@@ -745,6 +745,17 @@ def test_the_part_times_cover_every_part_of_a_real_step_and_each_rest_is_what_it
         assert f"{row['ms']:9.2f}" in printed and row["part"] in printed
 
 
+def test_the_part_times_record_of_the_whole_step_alone_has_no_parts_sum():
+    """`--only "^whole step"` times no part: the record says so (None), not a sum it did not measure."""
+    import torch
+
+    from bench.part_times import table
+
+    record = table({}, 76.9, 384, 64, torch.device("cpu"), True)
+    assert record["rows"] == [] and record["parts_sum_ms"] is None and record["whole_step_ms"] == 76.9
+    assert table({"projector": 2.0}, None, 384, 64, torch.device("cpu"), True)["parts_sum_ms"] == 2.0
+
+
 def test_the_decoder_self_attention_variants_give_rfdetrs_values_and_gradients():
     """bench.decoder_self_attention against rfdetr's own decoder layer (real Nano, 64 px, training mode, float32):
     its copy of rfdetr's block gives what the layer's attention gave, the layer with `GroupedSelfAttention` swapped

@@ -67,7 +67,9 @@ def grouped_self_attention(attention: nn.MultiheadAttention, tgt: Tensor, query_
     dropout = attention.dropout if attention.training else 0.0
     attended = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)
     attended = attended.view(batch, groups, heads, per_group, -1).permute(0, 1, 3, 2, 4).reshape(batch, queries, width)
-    return attention.out_proj(attended)
+    # the output projection's parameters as nn.MultiheadAttention uses them: not through the module, which a
+    # precision plugin may have converted (Transformer Engine's FP8 layers on the FP8 route)
+    return F.linear(attended, attention.out_proj.weight, attention.out_proj.bias)
 
 
 class LinearReLU(torch.autograd.Function):
