@@ -855,3 +855,33 @@ def test_the_decoder_ffn_with_the_relu_in_the_products_epilogue_gives_rfdetrs_va
     for want, got in zip(*results, strict=True):
         assert torch.allclose(want, got, rtol=1e-4, atol=1e-5)
     assert set(measure(1, 1, 0, compile_blocks=False)["ms_per_step"]) == {"rfdetr", "relu_epilogue"}
+
+
+def test_the_backbone_attention_with_one_projection_gives_rfdetrs_values_and_gradients():
+    """bench.backbone_attention against the attention module of a real Nano's backbone block (64 px, training mode,
+    float32): the fused-projection block gives the module's output and the gradients of its input and of every
+    parameter, at the windowed and the whole-image shapes; its own module has Nano's sizes."""
+    import torch
+
+    from bench.backbone_attention import HEADS, WIDTH, fused_qkv_block, measure, nano_attention, rfdetr_block
+    from bench.flops import training_module
+
+    model = training_module(64, 2).model
+    attention = model.get_submodule("backbone.0.encoder.encoder.encoder.layer.0.attention")
+    assert (attention.attention.num_attention_heads, attention.output.dense.in_features) == (HEADS, WIDTH)
+    generator = torch.Generator().manual_seed(3)
+    for shape in ((8, 5, WIDTH), (2, 20, WIDTH)):
+        results = []
+        for block in (rfdetr_block, fused_qkv_block):
+            hidden = torch.randn(shape, generator=torch.Generator().manual_seed(4)).requires_grad_(True)
+            out = block(attention, hidden)
+            out.backward(torch.randn(out.shape, generator=generator.manual_seed(5)))
+            results.append([out.detach(), hidden.grad, *(p.grad.clone() for p in attention.parameters())])
+            attention.zero_grad(set_to_none=True)
+        for want, got in zip(*results, strict=True):
+            assert torch.allclose(want, got, rtol=1e-4, atol=1e-5)
+    own = nano_attention()
+    assert own.attention.query.weight.shape == attention.attention.query.weight.shape
+    timed = measure(1, 1, 0, compile_blocks=False)
+    assert set(timed["ms_per_step"]) == {"rfdetr", "fused_qkv"}
+    assert set(timed["by_shape"]) == {"windowed", "whole_image"}
