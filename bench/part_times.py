@@ -19,7 +19,10 @@ On the GPU each figure is GPU-busy milliseconds (the union of the kernels' inter
 step), so host launch gaps that the workflow's CUDA graphs remove are not counted; on the CPU it is wall time.
 Parts are timed apart, so fusions across a part's edge are lost and the parts can sum to more than the whole: the
 record gives both, and each part's share of the parts' sum. A part nested in another (the decoder's layers inside
-the transformer) is a row under it, and the rest of its parent (what none of its rows covers) is a row too.
+the transformer) is a row under it, and the rest of its parent (what none of its rows covers) is a row too. A part
+that a speedup computes inside its parent (the decoder's self-attention with `decoder_attention_on_views`) is not
+called as a module: the record names it in `parts_not_called` and gives its parent no rest row; `--speedups
+all,-decoder_attention_on_views` times it apart.
 """
 
 from __future__ import annotations
@@ -171,6 +174,11 @@ def measure(
         labels = [label for label in part_of(call.path, call.inside) if label in wanted]
         if labels:
             timed(labels, forward_and_backward(compiled(call.module), call.args, call.kwargs, autocast, params))
+    # a part a speedup computes inside its parent (decoder_attention_on_views) is not called as a module: no row
+    not_called = [label for label in wanted if not any(label in part_of(c.path, c.inside) for c in calls)]
+    for label in not_called:
+        del rows[label]
+    extra_rows = {"parts_not_called": not_called} if not_called else {}
     if re.search(only, LOSS):
         timed([LOSS], forward_and_backward(lambda o: (loss_of(o),), (detached(outputs),), {}, autocast, params))
     for p in params:
@@ -183,7 +191,7 @@ def measure(
         for label, counter in row_kernels.items()
         if kernels and counter
     }
-    extra = {"kernels": top_kernels} if top_kernels else {}
+    extra = ({"kernels": top_kernels} if top_kernels else {}) | extra_rows
     if not re.search(only, WHOLE):
         return table(rows, None, resolution, batch, device, compile_parts) | extra
     whole_model = compiled(model)
@@ -272,6 +280,8 @@ def main() -> None:
     print(f"{result['measure']}, {args.batch} images at {args.resolution} px on {result['device']}:")
     for row in result["rows"]:
         print(f"  {row['ms']:9.2f}  {100 * row['share_of_parts_sum']:5.1f} %  {'  ' * row['depth']}{row['part']}")
+    for label in result.get("parts_not_called", []):
+        print(f"  {label}: not called as a module in this step (a speedup computes it inside its parent)")
     if result["parts_sum_ms"] is not None:
         print(f"  {result['parts_sum_ms']:9.2f}          the parts, timed apart")
     if result["whole_step_ms"] is not None:

@@ -729,13 +729,20 @@ def test_the_part_times_cover_every_part_of_a_real_step_and_each_rest_is_what_it
         assert model.transformer._two_stage_batching_eligible()
     out = tmp_path / "parts.json"
     command = [sys.executable, "-m", "bench.part_times", "--resolution", "64", "--batch", "1", "--repeats", "1"]
-    command += ["--warmup", "0", "--no-compile", "--speedups", "none", "--out", str(out)]
+    # with decoder_attention_on_views the decoder's self-attention runs inside its layer, not as a module
+    command += ["--warmup", "0", "--no-compile", "--speedups", "decoder_attention_on_views", "--out", str(out)]
     printed = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=True).stdout
     result = json.loads(out.read_text())
     rows = {row["part"]: row for row in result["rows"]}
-    assert {part.label for part in PARTS} | {"loss (matching, criterion)", "optimizer (AdamW step)"} <= set(rows)
-    assert all(rows[part.label]["ms"] > 0 for part in PARTS)
-    for parent in {part.parent for part in PARTS} - {None}:
+    inside_its_parent = "decoder self-attention"
+    assert result["parts_not_called"] == [inside_its_parent] and inside_its_parent not in rows
+    assert f"{inside_its_parent}: not called as a module" in printed
+    called = [part for part in PARTS if part.label != inside_its_parent]
+    assert {part.label for part in called} | {"loss (matching, criterion)", "optimizer (AdamW step)"} <= set(rows)
+    assert all(rows[part.label]["ms"] > 0 for part in called)
+    parent_of_missing = next(part.parent for part in PARTS if part.label == inside_its_parent)
+    assert f"rest of {parent_of_missing}" not in rows  # its rest would hold the self-attention: no row
+    for parent in {part.parent for part in called} - {None, parent_of_missing}:
         inner = sum(rows[part.label]["ms"] for part in PARTS if part.parent == parent)
         assert rows[f"rest of {parent}"]["ms"] == pytest.approx(rows[parent]["ms"] - inner, abs=0.02)
     top = [row for row in result["rows"] if row["within"] is None]
