@@ -11,6 +11,7 @@
 #                [SPLIT_CPUS=1: half the CPUs each] bench/gpu_run.sh levers
 #        validation: [RUNS='name|bench.validation args;...'] [EPOCHS=2] bench/gpu_run.sh validation  (loader alone first: a
 #                training wave and a whole validation pass; LOADER_WORKERS=0 skips both)
+#        profile: PAIRS='name|args|name|args' [ONE_GPU=1] [LIMIT=400] bench/gpu_run.sh profile  (bench.profile_steps pairs)
 #        parts:  [RUNS='name|VAR=value ...;...'] [KERNELS=12] [ONLY=REGEX] [ARGS=<more>] bench/gpu_run.sh parts  (bench.part_times, no data)
 #        noise:  [EPOCHS=3] [SPLIT_CPUS=1] bench/gpu_run.sh noise   (the stock recipe twice, at once: its run-to-run noise)
 #        (two GPUs)
@@ -70,15 +71,18 @@ case $phase in
               python3 -m bench.compare --dataset "$DATA" --out /tmp/bench --only pipeline --name "eager_${g}gpu" \
                 --bench-profile "$EAGER" --gpus "$g" --pipeline-epochs 2 --epochs-per-block 2
             done ;;
-  profile)  # bench.profile_steps, two variants side by side per line of PAIRS ("name|args|name|args"): GPU 0, GPU 1;
-            # each process limited to LIMIT seconds; traces are read here (bench.trace_ops) and kept only with KEEP_TRACES=1
+  profile)  # bench.profile_steps, two variants side by side per line of PAIRS ("name|args|name|args"): GPU 0, GPU 1
+            # (ONE_GPU=1: one after the other on GPU 0, for a machine of one GPU); each process limited to LIMIT
+            # seconds; traces are read here (bench.trace_ops) and kept only with KEEP_TRACES=1
             nvidia-smi dmon -s u -d 1 > "$OUT/dmon-profile.txt" 2>&1 & dmon=$!
+            second_gpu=1; [ "${ONE_GPU:-0}" = 1 ] && second_gpu=0
             while IFS='|' read -r name0 args0 name1 args1; do
               CUDA_VISIBLE_DEVICES=0 timeout -k 30 "${LIMIT:-400}" python3 -m bench.profile_steps --dataset "$DATA" $args0 \
                 --out "$OUT/profile-$name0.json" --trace > "/tmp/profile-$name0.log" 2>&1 & first=$!
-              CUDA_VISIBLE_DEVICES=1 timeout -k 30 "${LIMIT:-400}" python3 -m bench.profile_steps --dataset "$DATA" $args1 \
+              [ "$second_gpu" = 0 ] && { wait $first || echo "$name0 failed: $?"; }
+              CUDA_VISIBLE_DEVICES=$second_gpu timeout -k 30 "${LIMIT:-400}" python3 -m bench.profile_steps --dataset "$DATA" $args1 \
                 --out "$OUT/profile-$name1.json" --trace > "/tmp/profile-$name1.log" 2>&1 || echo "$name1 failed: $?"
-              wait $first || echo "$name0 failed: $?"
+              [ "$second_gpu" = 0 ] || wait $first || echo "$name0 failed: $?"
               for name in "$name0" "$name1"; do
                 trace="$OUT/profile-$name.trace.json.gz"
                 [ -f "$trace" ] && python3 -m bench.trace_ops "$trace" --top 40 > "$OUT/trace-$name.json" 2>&1
