@@ -194,6 +194,11 @@ def measure(
     extra = ({"kernels": top_kernels} if top_kernels else {}) | extra_rows
     if not re.search(only, WHOLE):
         return table(rows, None, resolution, batch, device, compile_parts) | extra
+    # the recorded inputs hold the recording step's autograd graph, and with it every activation: freed before the
+    # whole step, which needs the memory of a step of its own
+    del calls, outputs
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
     whole_model = compiled(model)
 
     def whole_step() -> None:
