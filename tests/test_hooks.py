@@ -45,11 +45,57 @@ def owner_and_name(path: str) -> tuple[object, str]:
     return pkgutil.resolve_name(f"{module}:{owner}" if owner else module), name
 
 
+# The test that shows each speedup gives rfdetr's values (docs/speedups.md points here)
+SPEEDUP_TESTS = {
+    "targets_one_copy": "tests/test_targets_one_copy.py::test_one_copy_per_field_gives_rfdetrs_targets",
+    "matches_on_device": "tests/test_matches_on_device.py::"
+    "test_the_loss_is_the_same_with_and_without_the_extension_on_the_cpu",
+    "matching_without_waiting": "tests/test_matching_without_waiting.py::test_the_loss_and_the_matches_are_rfdetrs",
+    "target_counts_without_waiting": "tests/test_target_counts_without_waiting.py::test_the_batched_losses_are_rfdetrs",
+    "gather_matched_targets": "tests/test_gather_matched_targets.py::test_each_layers_matched_targets_equal_rfdetrs",
+    "ema_without_waiting": "tests/test_ema_without_waiting.py::"
+    "test_the_ema_weights_and_counter_equal_rfdetrs_over_many_steps",
+    "lr_log_on_device": "tests/test_lr_log_on_device.py::test_the_same_values_names_and_settings_reach_lightning",
+    "progress_bar_without_waiting": "tests/test_progress_bar_without_waiting.py::"
+    "test_on_the_cpu_the_bar_shows_lightnings_values",
+    "nice_loader_workers": "tests/test_nice_loader_workers.py::test_workers_run_niced_and_load_the_same_items",
+    "images_as_bytes": "tests/test_images_as_bytes.py::"
+    "test_training_batches_travel_as_bytes_and_arrive_as_rfdetrs_floats",
+    "validation_images_as_bytes": "tests/test_images_as_bytes.py::"
+    "test_validation_batches_travel_as_bytes_and_arrive_as_rfdetrs_floats",
+    "deformable_sampling": "tests/test_deformable_sampling.py::"
+    "test_in_tritons_interpreter_the_kernels_give_grid_samples_values_and_gradients",
+    "decoder_attention_on_views": "tests/test_decoder_layer.py::test_each_lean_part_gives_rfdetrs_loss_and_gradients",
+    "decoder_relu_in_the_product": "tests/test_decoder_layer.py::test_each_lean_part_gives_rfdetrs_loss_and_gradients",
+    "padding_in_one_copy": "tests/test_padding_in_one_copy.py::test_the_padding_equals_pad_sequences",
+    "metric_update_per_batch": "tests/test_metric_update_per_batch.py::"
+    "test_the_metrics_state_and_result_equal_rfdetrs_bit_for_bit",
+    "metric_inputs_in_one_copy": "tests/test_validation_metrics.py::"
+    "test_validation_metrics_equal_rfdetrs_with_the_validation_speedups",
+    "matching_in_workers": "tests/test_validation_metrics.py::"
+    "test_matching_in_workers_gives_rfdetrs_accumulator_array_for_array",
+    "evaluation_on_every_core": "tests/test_evaluation_on_every_core.py::"
+    "test_the_evaluation_gets_every_core_and_gives_rfdetrs_metrics",
+    "eager_validation": "tests/test_eager_validation.py::"
+    "test_validation_runs_the_compiled_models_module_without_compiling_it",
+    "checkpoints_in_background": "tests/test_checkpoints_in_background.py::"
+    "test_the_file_holds_the_checkpoint_as_it_was_when_saved",
+    "static_cuda_graphs": "tests/test_gpu.py::test_the_h200_row_as_a_user_gets_it_captures_and_replays_cuda_graphs",
+    "gc_freeze": "tests/test_gc_freeze.py::"
+    "test_training_freezes_after_the_first_steps_and_the_epoch_log_counts_full_collections",
+    "next_epoch_during_validation": "tests/test_next_epoch_during_validation.py::"
+    "test_the_next_epochs_first_batch_is_ready_when_validation_ends_and_the_batches_are_the_same",
+    "validation_loader_ahead": "tests/test_validation_loader_ahead.py::"
+    "test_the_validation_batches_are_on_their_way_before_validation_starts_and_are_the_same",
+}
+
+
 def test_the_registry_names_each_speedup_once_with_a_test_that_exists():
     assert len(NAMES) == len(set(NAMES)) == 25
+    assert set(SPEEDUP_TESTS) == set(NAMES)
     for speedup in SPEEDUPS:
-        file, _, test = speedup.test.partition("::")
-        assert re.search(rf"^def {test}\(", (REPO / file).read_text(), re.MULTILINE), speedup.test
+        file, _, test = SPEEDUP_TESTS[speedup.name].partition("::")
+        assert re.search(rf"^def {test}\(", (REPO / file).read_text(), re.MULTILINE), SPEEDUP_TESTS[speedup.name]
         assert speedup.load() is not None  # the entry point imports
 
 

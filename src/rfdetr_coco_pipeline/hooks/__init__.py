@@ -57,15 +57,14 @@ class Speedup:
     the `train` settings named in `options` as keyword arguments), for kind "callback" a Lightning callback class
     constructed without arguments. `replaces` says what it swaps: for a patch the private names, for a callback in
     words. `reads` lists further private names it relies on. `needs` names the modules it cannot work without;
-    `gpu_only` marks one that gains nothing when training runs on the CPU. `test` is the test that shows it gives
-    rfdetr's values."""
+    `gpu_only` marks one that gains nothing when training runs on the CPU. Each has a test that shows it gives
+    rfdetr's values (the tests' `SPEEDUP_TESTS` names it)."""
 
     name: str
     kind: Literal["patch", "callback"]
     entry: str
     replaces: tuple[str, ...]
     effect: str
-    test: str
     reads: tuple[str, ...] = ()
     options: tuple[str, ...] = ()
     needs: tuple[str, ...] = ()
@@ -83,19 +82,18 @@ def _patch(
     name: str,
     replaces: tuple[str, ...],
     effect: str,
-    test: str,
     reads: tuple[str, ...] = (),
     options: tuple[str, ...] = (),
     needs: tuple[str, ...] = (),
     gpu_only: bool = False,
 ) -> Speedup:
     entry = f"rfdetr_coco_pipeline.hooks.patches.{name}:{name}"
-    return Speedup(name, "patch", entry, replaces, effect, test, reads, options, needs, gpu_only)
+    return Speedup(name, "patch", entry, replaces, effect, reads, options, needs, gpu_only)
 
 
-def _callback(name: str, cls: str, replaces: str, effect: str, test: str, reads: tuple[str, ...] = ()) -> Speedup:
+def _callback(name: str, cls: str, replaces: str, effect: str, reads: tuple[str, ...] = ()) -> Speedup:
     entry = f"rfdetr_coco_pipeline.hooks.callbacks.{name}:{cls}"
-    return Speedup(name, "callback", entry, (replaces,), effect, test, reads)
+    return Speedup(name, "callback", entry, (replaces,), effect, reads)
 
 
 CRITERION = "rfdetr.models.criterion:SetCriterion"
@@ -118,20 +116,17 @@ SPEEDUPS: tuple[Speedup, ...] = (
         "targets_one_copy",
         ("rfdetr.utilities.tensors:PackedTargets.to_list",),
         "a batch's targets reach the GPU in one copy per field, not one per field and image",
-        "tests/test_targets_one_copy.py::test_one_copy_per_field_gives_rfdetrs_targets",
         reads=("rfdetr.utilities.tensors:PackedTargets.__init__",),
     ),
     _patch(
         "matches_on_device",
         ("rfdetr.models._assignment:assign_many_bucketed",),
         "the matcher's indices reach the loss on the GPU in one copy that does not wait",
-        "tests/test_matches_on_device.py::test_the_loss_is_the_same_with_and_without_the_extension_on_the_cpu",
     ),
     _patch(
         "matching_without_waiting",
         ("rfdetr.models.matcher:HungarianMatcher._match_many", f"{CRITERION}.num_boxes_for_targets"),
         "the batched matching and the loss's box count are queued on the GPU without reading anything back",
-        "tests/test_matching_without_waiting.py::test_the_loss_and_the_matches_are_rfdetrs",
         reads=(
             "rfdetr.models.matcher:_SANITIZED_COST_MARGIN",
             "rfdetr.models.matcher:HungarianMatcher._compact_path_applicable",
@@ -145,21 +140,18 @@ SPEEDUPS: tuple[Speedup, ...] = (
         "target_counts_without_waiting",
         (f"{CRITERION}._get_batched_detection_losses",),
         "the batched loss's per-image target counts reach the GPU from pinned memory, without a copy that waits",
-        "tests/test_target_counts_without_waiting.py::test_the_batched_losses_are_rfdetrs",
         gpu_only=True,  # rfdetr takes the batched loss path on CUDA only
     ),
     _patch(
         "gather_matched_targets",
         (f"{CRITERION}._get_matched_targets",),
         "the loss gathers each layer's matched targets in a few operations, not three per image",
-        "tests/test_gather_matched_targets.py::test_each_layers_matched_targets_equal_rfdetrs",
         reads=("rfdetr.models.criterion:_MatchedTargets",),
     ),
     _patch(
         "ema_without_waiting",
         ("rfdetr.training.callbacks.ema:RFDETREMACallback._update_ema_for_step",),
         "the EMA update keeps its counter on the host instead of reading it from the GPU three times a step",
-        "tests/test_ema_without_waiting.py::test_the_ema_weights_and_counter_equal_rfdetrs_over_many_steps",
         reads=(
             "rfdetr.training.callbacks.ema:RFDETREMACallback.__init__",
             "rfdetr.training.callbacks.ema:RFDETREMACallback.on_fit_start",
@@ -170,7 +162,6 @@ SPEEDUPS: tuple[Speedup, ...] = (
         "lr_log_on_device",
         (f"{MODULE}._log_learning_rates",),
         "the learning rates are logged as tensors filled on the GPU, without a copy that waits",
-        "tests/test_lr_log_on_device.py::test_the_same_values_names_and_settings_reach_lightning",
         reads=("pytorch_lightning.trainer.connectors.logger_connector.result:_get_default_dtype",),
     ),
     _patch(
@@ -180,63 +171,54 @@ SPEEDUPS: tuple[Speedup, ...] = (
             "pytorch_lightning.trainer.connectors.logger_connector.result:convert_tensors_to_scalars",
         ),
         "the progress bar shows the newest loss and learning rate that reached the host, without waiting each step",
-        "tests/test_progress_bar_without_waiting.py::test_on_the_cpu_the_bar_shows_lightnings_values",
         gpu_only=True,  # on the CPU nothing waits: the values are already on the host
     ),
     _patch(
         "nice_loader_workers",
         ("rfdetr.training.module_data:_worker_init_fn",),
         "the data-loader workers run train.loader_niceness below the training process",
-        "tests/test_nice_loader_workers.py::test_workers_run_niced_and_load_the_same_items",
         options=("loader_niceness",),
     ),
     _patch(
         "images_as_bytes",
         ("rfdetr.datasets.coco:_route_transforms", f"{DATA_MODULE}.on_after_batch_transfer"),
         "training images travel from the workers as uint8 and are normalised on the GPU, bit for bit",
-        "tests/test_images_as_bytes.py::test_training_batches_travel_as_bytes_and_arrive_as_rfdetrs_floats",
         reads=("rfdetr.datasets.transforms:Normalize.__init__",),
     ),
     _patch(
         "validation_images_as_bytes",
         ("rfdetr.datasets.coco:_route_transforms", f"{DATA_MODULE}.on_after_batch_transfer"),
         "validation images travel from the workers as uint8 and are normalised on the GPU, bit for bit",
-        "tests/test_images_as_bytes.py::test_validation_batches_travel_as_bytes_and_arrive_as_rfdetrs_floats",
         reads=("rfdetr.datasets.transforms:Normalize.__init__",),
     ),
     _patch(
         "deformable_sampling",
         ("rfdetr.models.ops.functions.ms_deform_attn_func:_bilinear_grid_sample",),
         "the decoder's bilinear sampling runs as Triton kernels on CUDA (needs Triton)",
-        "tests/test_deformable_sampling.py::test_in_tritons_interpreter_the_kernels_give_grid_samples_values_and_gradients",
         needs=("triton",),
     ),
     _patch(
         "decoder_attention_on_views",
         (DECODER_LAYER_FORWARD,),
         "in training the decoder's grouped self-attention works on views of the queries: no regrouping copies",
-        "tests/test_decoder_layer.py::test_each_lean_part_gives_rfdetrs_loss_and_gradients",
         reads=DECODER_LAYER_READS,
     ),
     _patch(
         "decoder_relu_in_the_product",
         (DECODER_LAYER_FORWARD,),
         "in training the decoder's first feed-forward product adds its bias and ReLU in cuBLASLt's epilogue",
-        "tests/test_decoder_layer.py::test_each_lean_part_gives_rfdetrs_loss_and_gradients",
         reads=DECODER_LAYER_READS,
     ),
     _patch(
         "padding_in_one_copy",
         ("rfdetr.models.matcher:pad_sequence",),
         "the matcher pads a batch's targets in two operations instead of one copy per image",
-        "tests/test_padding_in_one_copy.py::test_the_padding_equals_pad_sequences",
         reads=("rfdetr.models.matcher:HungarianMatcher._compute_compact_detection_cost_matrix",),
     ),
     _patch(
         "metric_update_per_batch",
         (f"{COCO_EVAL}:COCOEvalCallback._convert_targets", f"{COCO_MAP}:OnePassCocoMeanAveragePrecision.update"),
         "a validation batch's boxes reach the COCO metric converted once per batch, not once per image",
-        "tests/test_metric_update_per_batch.py::test_the_metrics_state_and_result_equal_rfdetrs_bit_for_bit",
         reads=(f"{COCO_MAP}:_METRIC_INPUT_FIELDS",),
     ),
     _patch(
@@ -247,7 +229,6 @@ SPEEDUPS: tuple[Speedup, ...] = (
             f"{COCO_MAP}:OnePassCocoMeanAveragePrecision.merge_distributed_state",
         ),
         "a validation batch's predictions and targets reach the COCO metric on the host in one copy per dtype",
-        "tests/test_validation_metrics.py::test_validation_metrics_equal_rfdetrs_with_the_validation_speedups",
         reads=(f"{COCO_MAP}:_MAP_STATE_ATTRS",),
     ),
     _patch(
@@ -259,7 +240,6 @@ SPEEDUPS: tuple[Speedup, ...] = (
             f"{COCO_EVAL}:COCOEvalCallback._compute_and_log_f1_metrics",
         ),
         "validation's F1 matching runs in worker processes while the next batch goes on; merged in batch order",
-        "tests/test_validation_metrics.py::test_matching_in_workers_gives_rfdetrs_accumulator_array_for_array",
         # on the CPU the training process is the one computing, so handing matching to workers only adds their start
         gpu_only=True,
     ),
@@ -267,21 +247,18 @@ SPEEDUPS: tuple[Speedup, ...] = (
         "evaluation_on_every_core",
         (f"{COCO_MAP}:_vernier_thread_budget",),
         "the COCO evaluation at each validation's end runs on every core of the rank, not on torch's one thread",
-        "tests/test_evaluation_on_every_core.py::test_the_evaluation_gets_every_core_and_gives_rfdetrs_metrics",
         gpu_only=True,  # on the CPU torch's threads, and so rfdetr's budget, are every core already
     ),
     _patch(
         "eager_validation",
         (f"{MODULE}._resolve_eval_model",),
         "validation runs the model uncompiled: no eval-graph compile at each job's first validation",
-        "tests/test_eager_validation.py::test_validation_runs_the_compiled_models_module_without_compiling_it",
         gpu_only=True,  # rfdetr compiles only on CUDA: on the CPU there is no wrapper to look through
     ),
     _patch(
         "checkpoints_in_background",
         BUILD_TRAINER[:1],
         "each epoch's last.ckpt is written by a background thread (Lightning's AsyncCheckpointIO) as the next trains",
-        "tests/test_checkpoints_in_background.py::test_the_file_holds_the_checkpoint_as_it_was_when_saved",
         reads=BUILD_TRAINER[1:],
         # on the CPU the writer takes the cores the model computes on: epochs ran longer by what the wait saved
         gpu_only=True,
@@ -291,7 +268,6 @@ SPEEDUPS: tuple[Speedup, ...] = (
         "StaticCudaGraphs",
         "rfdetr's compiled model: compiled again for the one training shape, replayed as CUDA graphs",
         "profiles with compile and cuda_graphs on: no dynamic-shape compile, CUDA graph replay, compiled losses",
-        "tests/test_gpu.py::test_the_h200_row_as_a_user_gets_it_captures_and_replays_cuda_graphs",
         reads=(f"{MODULE}.__init__", f"{CRITERION}.enable_compiled_detection_losses"),
     ),
     _callback(
@@ -299,15 +275,12 @@ SPEEDUPS: tuple[Speedup, ...] = (
         "FreezeAfterWarmup",
         "CPython's full garbage collections over the training process's long-lived objects",
         "after each epoch's first steps the process's objects are frozen, so full collections skip them",
-        "tests/test_gc_freeze.py::test_training_freezes_after_the_first_steps_and_the_epoch_log_counts_full_collections",
     ),
     _callback(
         "next_epoch_during_validation",
         "NextEpochDuringValidation",
         "when the training loader's workers start on an epoch: during the previous validation, not after it",
         "the loader's workers decode the next epoch's first batches while the model validates",
-        "tests/test_next_epoch_during_validation.py::"
-        "test_the_next_epochs_first_batch_is_ready_when_validation_ends_and_the_batches_are_the_same",
         reads=(SAMPLER_EPOCH,),
     ),
     _callback(
@@ -315,8 +288,6 @@ SPEEDUPS: tuple[Speedup, ...] = (
         "ValidationLoaderAhead",
         "when the validation loader's workers start: during the epoch's last training steps, not after them",
         "the loader's workers decode the first validation batches while the last training steps run",
-        "tests/test_validation_loader_ahead.py::"
-        "test_the_validation_batches_are_on_their_way_before_validation_starts_and_are_the_same",
         reads=(SAMPLER_EPOCH,),
     ),
 )
@@ -543,10 +514,10 @@ def applied(selection: Selection, options: Any = None) -> Iterator[list[Any]]:
 
 def markdown_table() -> str:
     """The speedups as docs/speedups.md shows them."""
-    rows = ["| speedup | what it does | replaces | test that shows rfdetr's values |", "| --- | --- | --- | --- |"]
+    rows = ["| speedup | what it does | replaces |", "| --- | --- | --- |"]
     for speedup in SPEEDUPS:
         replaces = "<br>".join(f"`{what}`" if speedup.kind == "patch" else what for what in speedup.replaces)
-        rows.append(f"| `{speedup.name}` | {speedup.effect} | {replaces} | `{speedup.test}` |")
+        rows.append(f"| `{speedup.name}` | {speedup.effect} | {replaces} |")
     return "\n".join(rows)
 
 
