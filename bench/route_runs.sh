@@ -6,8 +6,8 @@
 #
 # usage: OUT=DIR TAG=NAME NAMES="runA runB ..." [TRAIN='<train settings as JSON>' | TRAIN_BUT=<speedup>] [COLD=1]
 #        [FIRST_LIMIT=330] [LIMIT=<s>] bash bench/route_runs.sh
-#   TRAIN_BUT: every speedup of rfdetr_coco_pipeline.hooks.NAMES but this one (TRAIN: the settings themselves; neither: the
-#              route's own speedups)
+#   TRAIN_BUT: every speedup of rfdetr_coco_pipeline.hooks.NAMES but these (comma-separated; TRAIN: the settings
+#              themselves; neither: the route's own speedups)
 #   COLD=1:    empty the compile cache, run the first name alone (at most FIRST_LIMIT seconds), then the others at
 #              once on the cache it left; otherwise every name at once on the cache there is
 #   LIMIT:     each run's limit in seconds (default: what is left of the call's 585 s)
@@ -26,7 +26,10 @@ echo "$tag set: $(( $(date +%s) - start )) s" | tee -a "$OUT/times.txt"
 train=${TRAIN:-}
 if [ -n "${TRAIN_BUT:-}" ]; then
   train=$(LEFT_OUT=$TRAIN_BUT python3 -c 'import json, os, rfdetr_coco_pipeline.hooks as r
-print(json.dumps({"speedups": [n for n in r.NAMES if n != os.environ["LEFT_OUT"]]}))')
+left_out = os.environ["LEFT_OUT"].split(",")
+unknown = set(left_out) - set(r.NAMES)
+assert not unknown, f"not speedups: {sorted(unknown)}"
+print(json.dumps({"speedups": [n for n in r.NAMES if n not in left_out]}))')
 fi
 S="DATA=$data N_TRAIN=11829 N_VAL=500 DETAIL=coco ROUTE=h200 TRAIN_ONLY=1 SHARE_CACHE=1 EPOCHS=3"
 left() { echo $(( 585 - ($(date +%s) - start) )); }
