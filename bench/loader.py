@@ -12,10 +12,9 @@ Builds the training DataLoader exactly as rfdetr 1.11.2's `train()` does for the
 384 px, square resize, no multi-scale) and times whole batches after a warm-up, pinned memory included. If this
 rate is far above the training rate, the loader is not what holds training back.
 
-`--tensor-resize` measures a candidate, not a speedup of the train stage: each training image enters rfdetr's
-transforms as a uint8 tensor (channels last) instead of a Pillow image, so torchvision resizes it with torch's uint8
-kernel instead of Pillow's. The boxes stay rfdetr's, the pixels do not: they differ from Pillow's by up to 2 levels
-(`tests/test_bench.py::test_tensor_resize_keeps_rfdetrs_boxes_and_its_pixels_within_two_levels`).
+`--tensor-resize` builds the training set inside the `resize_in_torch` speedup (the registry's, applied only where
+train.speedups names it): each training image enters rfdetr's transforms as a uint8 tensor, so torchvision resizes
+it with torch's uint8 kernel instead of Pillow's. The boxes stay rfdetr's; the pixels differ by up to 2 levels.
 """
 
 from __future__ import annotations
@@ -30,6 +29,7 @@ from typing import Any
 
 from rfdetr_coco_pipeline.common import run_stage
 from rfdetr_coco_pipeline.hooks.patches.images_as_bytes import images_as_bytes
+from rfdetr_coco_pipeline.hooks.patches.resize_in_torch import resize_in_torch
 from rfdetr_coco_pipeline.hooks.patches.validation_images_as_bytes import validation_images_as_bytes
 
 
@@ -63,33 +63,15 @@ def recipe_data(
     return data
 
 
-class TensorImageFirst:
-    """rfdetr's training transforms, given the decoded image as a channels-last uint8 tensor instead of a Pillow
-    image (after rfdetr's `ConvertCoco`, which reads the Pillow image's size)."""
-
-    def __init__(self, transforms: Any) -> None:
-        self.transforms = transforms
-
-    def __call__(self, image: Any, target: Any) -> Any:
-        import numpy as np
-        import torch
-        from torchvision import tv_tensors
-
-        # a view with channels last: torch's uint8 antialiased resize is fastest in that layout
-        return self.transforms(tv_tensors.Image(torch.from_numpy(np.array(image)).permute(2, 0, 1)), target)
-
-
-def resize_tensors(data: Any) -> None:
-    """Make `data`'s training set hand its transforms tensors (`TensorImageFirst`)."""
-    dataset = data._dataset_train
-    dataset._transforms = TensorImageFirst(dataset._transforms)
+def training_data(dataset: str, batch: int, workers: int, tensor_resize: bool = False, **options: Any) -> Any:
+    """`recipe_data`, its training set built inside `resize_in_torch` when `tensor_resize`."""
+    with resize_in_torch() if tensor_resize else contextlib.nullcontext():
+        return recipe_data(dataset, batch, workers, **options)
 
 
 def milliseconds_per_image(dataset: str, images: int = 200, tensor_resize: bool = False) -> dict[str, float]:
     """One process, no workers: the milliseconds one training image takes to read, decode and augment."""
-    data = recipe_data(dataset, 1, 0)
-    if tensor_resize:
-        resize_tensors(data)
+    data = training_data(dataset, 1, 0, tensor_resize)
     samples = data.train_dataloader().dataset
     for index in range(10):  # warm-up: imports, first allocations
         samples[index]
@@ -110,9 +92,7 @@ def loader_images_per_second(
 ) -> dict[str, float]:
     """Images/s of rfdetr's training DataLoader once all its workers are busy (the set must hold
     `workers * (waves + 1)` batches)."""
-    data = recipe_data(dataset, batch, workers, prefetch, resolution)
-    if tensor_resize:
-        resize_tensors(data)
+    data = training_data(dataset, batch, workers, tensor_resize, prefetch=prefetch, resolution=resolution)
     # Every worker builds whole batches, so batches arrive in waves of `workers`: time from the end of the first
     # wave, when every worker is busy, over whole further waves.
     batches_seen, images, started = 0, 0, 0.0

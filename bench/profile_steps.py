@@ -1,7 +1,7 @@
 """Where a training step of the notebook's recipe spends its time: how busy the GPU is, and on what.
 
 usage: python -m bench.profile_steps --dataset DIR --out FILE.json [--batch 128] [--start 30] [--steps 6]
-           [--variant stock|eager|eager_graphs|te_graphs] [--speedups none|all|NAME,...|all,-NAME,...]
+           [--variant stock|eager|eager_graphs|te_graphs] [--speedups none|all|NAME,...|all,-NAME,+NAME,...]
            [--loader-niceness N]
            [--threads N] [--sync-debug] [--resolution N] [--trace] [--cudnn-benchmark]
 
@@ -253,24 +253,27 @@ class StepProfile(pl.Callback):
 
 
 def parse_speedups(value: str) -> str | list[str]:
-    """--speedups: none, all, names separated by commas, or all but some: "all,-name,-name"."""
-    from rfdetr_coco_pipeline.hooks import NAMES
+    """--speedups: none, all, names separated by commas, or all (those that keep rfdetr's values, as
+    train.speedups: all) but some and with others: "all,-name,+name"."""
+    from rfdetr_coco_pipeline.hooks import NAMES, SAME_VALUES
 
     if value in ("none", "all"):
         return value
     names = [name for name in value.split(",") if name]
-    if names[0] == "all":
-        left_out = {name.removeprefix("-") for name in names[1:]}
-        if left_out - set(NAMES):
-            raise ValueError(f"unknown speedups: {sorted(left_out - set(NAMES))}")
-        return [name for name in NAMES if name not in left_out]
-    return names
+    if names[0] != "all":
+        return names
+    left_out = {name.removeprefix("-") for name in names[1:] if name.startswith("-")}
+    added = [name.removeprefix("+") for name in names[1:] if name.startswith("+")]
+    unknown = (left_out | set(added)) - set(NAMES)
+    if unknown or len(left_out) + len(added) != len(names) - 1:
+        raise ValueError(f"not speedups, or without - or +: {sorted(unknown) or names[1:]}")
+    return [name for name in NAMES if (name in SAME_VALUES and name not in left_out) or name in added]
 
 
 def main() -> None:
     from types import SimpleNamespace
 
-    from rfdetr_coco_pipeline.hooks import applied, select_speedups
+    from rfdetr_coco_pipeline.hooks import SAME_VALUES, applied, select_speedups
     from rfdetr_coco_pipeline.versions import package_version
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -282,7 +285,7 @@ def main() -> None:
     parser.add_argument("--variant", choices=sorted(VARIANTS), default="stock")
     parser.add_argument("--resolution", type=int, help="leave unset for the notebook's 384 px")
     parser.add_argument(
-        "--speedups", type=parse_speedups, default="none", help="none, all, NAME,NAME or all,-NAME (all but NAME)"
+        "--speedups", type=parse_speedups, default="none", help="none, all, NAME,NAME or all,-NAME,+NAME"
     )
     parser.add_argument("--loader-niceness", type=int, default=0, help="for the nice_loader_workers speedup")
     parser.add_argument(
@@ -307,11 +310,12 @@ def main() -> None:
     default_threads = torch.get_num_threads()
     if args.threads:
         torch.set_num_threads(args.threads)
-    # the variant and the speedups left out of all of them (or those applied, when fewer): a short, readable name
-    chosen, left_out = selection.names(), [speedup.name for speedup, _ in selection.left_off]
-    name = "+".join(
-        [args.variant, *(chosen if len(chosen) <= len(left_out) else ["all", *(f"-{n}" for n in left_out)])]
-    )
+    # the variant and the speedups of `all` left out and those added (or those applied, when fewer): a short name
+    chosen = selection.names()
+    left_out = [name for name in SAME_VALUES if name not in chosen]
+    added = [name for name in chosen if name not in SAME_VALUES]
+    short = ["all", *(f"-{n}" for n in left_out), *(f"+{n}" for n in added)]
+    name = "+".join([args.variant, *(chosen if len(chosen) <= len(left_out) else short)])
     name += f"+nice{args.loader_niceness}" if args.loader_niceness else ""
     name += f"+threads{args.threads}" if args.threads else ""
     name += "+cudnn_benchmark" if args.cudnn_benchmark else ""

@@ -4,10 +4,11 @@
 # sizes, made first if /dev/shm lacks it, for comparing their per-step losses with the notebook's runs
 # (bench.loss_pairs). Runs in one device call; back-to-back calls share /tmp's compile cache and /dev/shm's set.
 #
-# usage: OUT=DIR TAG=NAME NAMES="runA runB ..." [TRAIN='<train settings as JSON>' | TRAIN_BUT=<speedup>] [COLD=1]
+# usage: OUT=DIR TAG=NAME NAMES="runA runB ..." [TRAIN='<train settings as JSON>' | TRAIN_SPEEDUPS=all,-NAME,+NAME] [COLD=1]
 #        [FIRST_LIMIT=330] [LIMIT=<s>] bash bench/route_runs.sh
-#   TRAIN_BUT: every speedup of rfdetr_coco_pipeline.hooks.NAMES but these (comma-separated; TRAIN: the settings
-#              themselves; neither: the route's own speedups)
+#   TRAIN_SPEEDUPS: train.speedups as the bench tools' --speedups takes it (bench.profile_steps): "all,-a,-b" is
+#              every speedup that keeps rfdetr's values but a and b, "all,+c" adds c (TRAIN: the settings themselves;
+#              neither: the route's own speedups)
 #   COLD=1:    empty the compile cache, run the first name alone (at most FIRST_LIMIT seconds), then the others at
 #              once on the cache it left; otherwise every name at once on the cache there is
 #   LIMIT:     each run's limit in seconds (default: what is left of the call's 585 s)
@@ -24,12 +25,9 @@ data=/dev/shm/coco-prop
 [ -f $data/annotations/instances_val2017.json ] || python3 bench/synth_coco.py $data 11829 500 --detail coco > /dev/null
 echo "$tag set: $(( $(date +%s) - start )) s" | tee -a "$OUT/times.txt"
 train=${TRAIN:-}
-if [ -n "${TRAIN_BUT:-}" ]; then
-  train=$(LEFT_OUT=$TRAIN_BUT python3 -c 'import json, os, rfdetr_coco_pipeline.hooks as r
-left_out = os.environ["LEFT_OUT"].split(",")
-unknown = set(left_out) - set(r.NAMES)
-assert not unknown, f"not speedups: {sorted(unknown)}"
-print(json.dumps({"speedups": [n for n in r.NAMES if n not in left_out]}))')
+if [ -n "${TRAIN_SPEEDUPS:-}" ]; then
+  train=$(python3 -c 'import json, sys; from bench.profile_steps import parse_speedups
+print(json.dumps({"speedups": parse_speedups(sys.argv[1])}))' "$TRAIN_SPEEDUPS")
 fi
 S="DATA=$data N_TRAIN=11829 N_VAL=500 DETAIL=coco ROUTE=h200 TRAIN_ONLY=1 SHARE_CACHE=1 EPOCHS=3"
 left() { echo $(( 585 - ($(date +%s) - start) )); }

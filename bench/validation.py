@@ -202,7 +202,7 @@ def main() -> None:
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument(
-        "--speedups", type=parse_speedups, default="all", help="none, all, NAME,NAME or all,-NAME (all but NAME)"
+        "--speedups", type=parse_speedups, default="all", help="none, all, NAME,NAME or all,-NAME,+NAME"
     )
     parser.add_argument("--workers", type=int, default=16)
     parser.add_argument("--profile", default="auto", help="a gpu_profiles row of config.yaml, or auto")

@@ -660,39 +660,35 @@ def test_the_validation_loader_pass_delivers_every_validation_image_as_the_train
     assert passes[True]["image_dtype"] == "torch.uint8" and passes[False]["image_dtype"] == "torch.float32"
 
 
-def test_tensor_resize_keeps_rfdetrs_boxes_and_its_pixels_within_two_levels(tmp_path):
-    import random
+def test_the_loaders_tensor_resize_builds_the_training_set_inside_the_resize_in_torch_speedup(tiny_dataset):
+    """bench.loader --tensor-resize times the registry's speedup (tests/test_resize_in_torch.py shows its pixels),
+    and leaves rfdetr's pipeline in place afterwards."""
+    from torchvision.transforms.v2 import ToImage
 
-    import torch
+    from bench.loader import training_data
 
-    from bench.loader import recipe_data, resize_tensors
-    from rfdetr_coco_pipeline.hooks.patches.images_as_bytes import images_as_bytes
+    first = {
+        tensors: training_data(str(tiny_dataset), 2, 0, tensors)._dataset_train._transforms.transforms[0]
+        for tensors in (True, False)
+    }
+    assert isinstance(first[True], ToImage) and not isinstance(first[False], ToImage)
 
-    subprocess.run(
-        [sys.executable, "bench/synth_coco.py", str(tmp_path / "coco"), "6", "1", "--detail", "coco"],
-        check=True,
-        capture_output=True,
-    )
-    samples = {}
-    with images_as_bytes():
-        for tensors in (False, True):
-            data = recipe_data(str(tmp_path / "coco"), 2, 0)
-            if tensors:
-                resize_tensors(data)
-            dataset = data.train_dataloader().dataset
-            samples[tensors] = []
-            for index in range(6):
-                random.seed(index)  # the same augmentation draws for both
-                torch.manual_seed(index)
-                samples[tensors].append(dataset[index])
-    largest = 0
-    for (pillow_image, pillow_target), (tensor_image, tensor_target) in zip(samples[False], samples[True], strict=True):
-        assert pillow_image.dtype == tensor_image.dtype == torch.uint8
-        assert pillow_image.shape == tensor_image.shape
-        assert torch.equal(pillow_target["boxes"], tensor_target["boxes"])
-        largest = max(largest, (pillow_image.int() - tensor_image.int()).abs().max().item())
-    # torch's uint8 resize is not Pillow's: its pixels differ, by 2 levels at most
-    assert 1 <= largest <= 2
+
+def test_speedups_as_the_bench_tools_take_them_start_from_those_that_keep_rfdetrs_values():
+    from bench.profile_steps import parse_speedups
+    from rfdetr_coco_pipeline.hooks import NAMES, SAME_VALUES
+
+    assert parse_speedups("all") == "all" and parse_speedups("gc_freeze,resize_in_torch") == [
+        "gc_freeze",
+        "resize_in_torch",
+    ]
+    assert parse_speedups("all,-gc_freeze") == [name for name in SAME_VALUES if name != "gc_freeze"]
+    with_resize = parse_speedups("all,-gc_freeze,+resize_in_torch")
+    assert set(with_resize) == set(SAME_VALUES) - {"gc_freeze"} | {"resize_in_torch"}
+    assert with_resize == [name for name in NAMES if name in with_resize]  # in the registry's order
+    for wrong in ("all,-fastest", "all,gc_freeze"):
+        with pytest.raises(ValueError, match="not speedups"):
+            parse_speedups(wrong)
 
 
 def test_the_flop_count_is_per_image_splits_the_forward_by_part_and_gives_the_rates_utilisation(tmp_path):

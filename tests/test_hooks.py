@@ -17,6 +17,7 @@ from rfdetr_coco_pipeline.hooks import (
     CHECKED_RFDETR,
     HOOKS,
     NAMES,
+    SAME_VALUES,
     SPEEDUPS,
     SpeedupError,
     all_targets,
@@ -63,6 +64,8 @@ SPEEDUP_TESTS = {
     "test_training_batches_travel_as_bytes_and_arrive_as_rfdetrs_floats",
     "validation_images_as_bytes": "tests/test_images_as_bytes.py::"
     "test_validation_batches_travel_as_bytes_and_arrive_as_rfdetrs_floats",
+    "resize_in_torch": "tests/test_resize_in_torch.py::"
+    "test_training_images_keep_rfdetrs_boxes_and_come_within_two_levels_of_its_pixels",
     "deformable_sampling": "tests/test_deformable_sampling.py::"
     "test_in_tritons_interpreter_the_kernels_give_grid_samples_values_and_gradients",
     "decoder_attention_on_views": "tests/test_decoder_layer.py::test_each_lean_part_gives_rfdetrs_loss_and_gradients",
@@ -91,7 +94,7 @@ SPEEDUP_TESTS = {
 
 
 def test_the_registry_names_each_speedup_once_with_a_test_that_exists():
-    assert len(NAMES) == len(set(NAMES)) == 25
+    assert len(NAMES) == len(set(NAMES)) == 26
     assert set(SPEEDUP_TESTS) == set(NAMES)
     for speedup in SPEEDUPS:
         file, _, test = SPEEDUP_TESTS[speedup.name].partition("::")
@@ -130,7 +133,7 @@ def test_every_speedup_can_be_applied_alone(name):
 
 
 def test_auto_applies_everything_with_the_checked_rfdetr_and_nothing_with_another_saying_why():
-    assert select_speedups("auto", CHECKED_RFDETR, missing=()).names() == list(NAMES)
+    assert select_speedups("auto", CHECKED_RFDETR, missing=()).names() == list(SAME_VALUES)
     other = select_speedups("auto", "1.12.0")
     assert other.applied == () and len(other.left_off) == len(NAMES)
     report = other.report()
@@ -145,14 +148,15 @@ def test_auto_applies_everything_with_the_checked_rfdetr_and_nothing_with_anothe
 def test_asking_for_speedups_by_name_or_all_refuses_another_rfdetr_with_what_to_do(setting):
     with pytest.raises(SpeedupError, match=rf"rfdetr 1\.12\.0 is installed\. Install rfdetr=={CHECKED_RFDETR}"):
         select_speedups(setting, "1.12.0")
-    expected = list(NAMES) if setting == "all" else ["deformable_sampling", "gc_freeze"]  # in the registry's order
+    # in the registry's order
+    expected = list(SAME_VALUES) if setting == "all" else ["deformable_sampling", "gc_freeze"]
     assert select_speedups(setting, CHECKED_RFDETR, missing=()).names() == expected
 
 
 def test_without_triton_auto_leaves_deformable_sampling_off_and_all_refuses(monkeypatch):
     monkeypatch.setitem(sys.modules, "triton", None)  # as in a Python where triton does not import
     auto = select_speedups("auto", CHECKED_RFDETR)
-    assert auto.names() == [name for name in NAMES if name != "deformable_sampling"]
+    assert auto.names() == [name for name in SAME_VALUES if name != "deformable_sampling"]
     assert "Speedup left off: deformable_sampling: needs triton, which this Python cannot import" in auto.report()
     for setting in ("all", ["gc_freeze", "deformable_sampling"]):
         with pytest.raises(
@@ -161,7 +165,7 @@ def test_without_triton_auto_leaves_deformable_sampling_off_and_all_refuses(monk
             select_speedups(setting, CHECKED_RFDETR)
     assert select_speedups(["gc_freeze"], CHECKED_RFDETR).names() == ["gc_freeze"]
     # where triton imports, all and a list naming deformable_sampling apply it
-    assert select_speedups("all", CHECKED_RFDETR, missing=()).names() == list(NAMES)
+    assert select_speedups("all", CHECKED_RFDETR, missing=()).names() == list(SAME_VALUES)
     assert select_speedups(["deformable_sampling"], CHECKED_RFDETR, missing=()).names() == ["deformable_sampling"]
 
 
@@ -169,15 +173,31 @@ def test_on_the_cpu_auto_leaves_the_gpu_only_speedups_off_and_all_applies_them()
     gpu_only = [speedup.name for speedup in SPEEDUPS if speedup.gpu_only]
     assert "matching_in_workers" in gpu_only
     on_cpu = select_speedups("auto", CHECKED_RFDETR, missing=(), device_kind="cpu")
-    assert on_cpu.names() == [name for name in NAMES if name not in gpu_only]
+    assert on_cpu.names() == [name for name in SAME_VALUES if name not in gpu_only]
     for name in gpu_only:
         assert (
             f"Speedup left off: {name}: gains only when training runs on a GPU (train.device: cpu)" in on_cpu.report()
         )
-    assert select_speedups("auto", CHECKED_RFDETR, missing=(), device_kind="cuda").names() == list(NAMES)
+    assert select_speedups("auto", CHECKED_RFDETR, missing=(), device_kind="cuda").names() == list(SAME_VALUES)
     # asked for by name, or with all, they apply on the CPU too: they compute rfdetr's values there as well
-    assert select_speedups("all", CHECKED_RFDETR, missing=(), device_kind="cpu").names() == list(NAMES)
+    assert select_speedups("all", CHECKED_RFDETR, missing=(), device_kind="cpu").names() == list(SAME_VALUES)
     assert select_speedups(gpu_only, CHECKED_RFDETR, missing=(), device_kind="cpu").names() == gpu_only
+
+
+def test_a_speedup_that_changes_values_applies_only_where_it_is_named_and_auto_and_all_say_why():
+    differing = [speedup for speedup in SPEEDUPS if speedup.differs]
+    assert [speedup.name for speedup in differing] == ["resize_in_torch"]
+    assert set(NAMES) - set(SAME_VALUES) == {"resize_in_torch"}
+    for setting in ("auto", "all"):
+        selection = select_speedups(setting, CHECKED_RFDETR, missing=())
+        assert "resize_in_torch" not in selection.names()
+        assert (
+            "Speedup left off: resize_in_torch: not rfdetr's values (torch's resize rounds differently from Pillow's: "
+            "pixels differ by up to 2 levels of 255): applies only where train.speedups names it" in selection.report()
+        )
+    named = select_speedups(["images_as_bytes", "resize_in_torch"], CHECKED_RFDETR, missing=())
+    assert named.names() == ["images_as_bytes", "resize_in_torch"]
+    assert "**Only when named:** torch's resize rounds differently" in markdown_table()
 
 
 def test_none_applies_nothing_and_unknown_names_are_refused():
@@ -217,7 +237,7 @@ def changed(monkeypatch, path: str) -> None:
 def test_a_speedup_whose_target_changed_stays_off_with_auto_and_is_refused_by_name(monkeypatch):
     changed(monkeypatch, "rfdetr.utilities.tensors:PackedTargets.to_list")
     auto = select_speedups("auto", CHECKED_RFDETR, missing=())
-    assert "targets_one_copy" not in auto.names() and len(auto.names()) == len(NAMES) - 1
+    assert "targets_one_copy" not in auto.names() and len(auto.names()) == len(SAME_VALUES) - 1
     (line,) = [line for line in auto.report() if "targets_one_copy" in line]
     assert line.startswith(
         "Speedup left off: targets_one_copy: rfdetr.utilities.tensors:PackedTargets.to_list changed since it was "

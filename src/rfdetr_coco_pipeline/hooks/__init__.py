@@ -58,7 +58,8 @@ class Speedup:
     constructed without arguments. `replaces` says what it swaps: for a patch the private names, for a callback in
     words. `reads` lists further private names it relies on. `needs` names the modules it cannot work without;
     `gpu_only` marks one that gains nothing when training runs on the CPU. Each has a test that shows it gives
-    rfdetr's values (the tests' `SPEEDUP_TESTS` names it)."""
+    rfdetr's values (the tests' `SPEEDUP_TESTS` names it), or, for one whose `differs` says how its values are not
+    rfdetr's, how far they move; such a speedup applies only where train.speedups names it."""
 
     name: str
     kind: Literal["patch", "callback"]
@@ -69,6 +70,7 @@ class Speedup:
     options: tuple[str, ...] = ()
     needs: tuple[str, ...] = ()
     gpu_only: bool = False
+    differs: str = ""
 
     @property
     def targets(self) -> tuple[str, ...]:
@@ -86,9 +88,10 @@ def _patch(
     options: tuple[str, ...] = (),
     needs: tuple[str, ...] = (),
     gpu_only: bool = False,
+    differs: str = "",
 ) -> Speedup:
     entry = f"rfdetr_coco_pipeline.hooks.patches.{name}:{name}"
-    return Speedup(name, "patch", entry, replaces, effect, reads, options, needs, gpu_only)
+    return Speedup(name, "patch", entry, replaces, effect, reads, options, needs, gpu_only, differs)
 
 
 def _callback(name: str, cls: str, replaces: str, effect: str, reads: tuple[str, ...] = ()) -> Speedup:
@@ -192,6 +195,12 @@ SPEEDUPS: tuple[Speedup, ...] = (
         reads=("rfdetr.datasets.transforms:Normalize.__init__",),
     ),
     _patch(
+        "resize_in_torch",
+        ("rfdetr.datasets.coco:_route_transforms",),
+        "training images are resized, cropped and flipped as uint8 tensors by torchvision, not as Pillow images",
+        differs="torch's resize rounds differently from Pillow's: pixels differ by up to 2 levels of 255",
+    ),
+    _patch(
         "deformable_sampling",
         ("rfdetr.models.ops.functions.ms_deform_attn_func:_bilinear_grid_sample",),
         "the decoder's bilinear sampling runs as Triton kernels on CUDA (needs Triton)",
@@ -292,6 +301,8 @@ SPEEDUPS: tuple[Speedup, ...] = (
     ),
 )
 NAMES: tuple[str, ...] = tuple(speedup.name for speedup in SPEEDUPS)
+# the speedups that compute rfdetr's own values: what train.speedups auto and all select
+SAME_VALUES: tuple[str, ...] = tuple(speedup.name for speedup in SPEEDUPS if not speedup.differs)
 SETTINGS = ("auto", "all", "none")  # train.speedups: one of these, or a list of NAMES
 
 HOOKS: tuple[Hook, ...] = (
@@ -444,14 +455,15 @@ def select_speedups(
     modules that do not import here; None: `missing_modules()`), the device training runs on (`device_kind`:
     "cuda" or "cpu") and `changed` (the speedups whose targets are not as checked; None: the gate's answer).
 
-    `auto` applies every speedup with the rfdetr version they were checked against and none with another (training
-    is then stock rfdetr's); it leaves off, saying why, one whose targets changed, one whose `needs` are missing and,
-    on the CPU, a `gpu_only` one. `all`, or a list of names, trains with every speedup it asks for or refuses with
-    `SpeedupError` (a `gpu_only` one applies on the CPU too). `none` applies nothing.
+    `auto` applies every speedup that computes rfdetr's values (`SAME_VALUES`) with the rfdetr version they were
+    checked against and none with another (training is then stock rfdetr's); it leaves off, saying why, one whose
+    targets changed, one whose `needs` are missing and, on the CPU, a `gpu_only` one. `all` (every speedup of
+    `SAME_VALUES`), or a list of names, trains with every speedup it asks for or refuses with `SpeedupError` (a
+    `gpu_only` one applies on the CPU too). `none` applies nothing. A speedup that `differs` applies only when named.
     """
     if problem := speedup_setting_problem(setting):
         raise SpeedupError(problem)
-    wanted = list(NAMES) if setting in ("auto", "all") else [] if setting == "none" else list(setting)
+    wanted = list(SAME_VALUES) if setting in ("auto", "all") else [] if setting == "none" else list(setting)
     asked = "every speedup" if setting == "all" else ", ".join(wanted)
     if wanted and rfdetr_version != CHECKED_RFDETR:
         if setting != "auto":
@@ -485,11 +497,18 @@ def select_speedups(
             f"train.speedups asks for {asked}, but {'; '.join(f'{name}: {why}' for name, why in lacking.items())}. "
             f"{fix} train.speedups: auto, which leaves {', '.join(lacking)} off and says so in the log."
         )
-    why_off = "train.speedups: none" if setting == "none" else "not named in train.speedups"
+
+    def why_off(speedup: Speedup) -> str:
+        if setting == "none":
+            return "train.speedups: none"
+        if speedup.differs and setting in ("auto", "all"):
+            return f"not rfdetr's values ({speedup.differs}): applies only where train.speedups names it"
+        return "not named in train.speedups"
+
     return Selection(
         tuple(speedup for speedup in SPEEDUPS if speedup.name in wanted and speedup.name not in lacking),
         tuple(
-            (speedup, lacking.get(speedup.name, why_off))
+            (speedup, lacking.get(speedup.name) or why_off(speedup))
             for speedup in SPEEDUPS
             if speedup.name not in wanted or speedup.name in lacking
         ),
@@ -517,7 +536,8 @@ def markdown_table() -> str:
     rows = ["| speedup | what it does | replaces |", "| --- | --- | --- |"]
     for speedup in SPEEDUPS:
         replaces = "<br>".join(f"`{what}`" if speedup.kind == "patch" else what for what in speedup.replaces)
-        rows.append(f"| `{speedup.name}` | {speedup.effect} | {replaces} |")
+        effect = f"{speedup.effect}. **Only when named:** {speedup.differs}" if speedup.differs else speedup.effect
+        rows.append(f"| `{speedup.name}` | {effect} | {replaces} |")
     return "\n".join(rows)
 
 
