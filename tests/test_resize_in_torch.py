@@ -78,3 +78,20 @@ def test_validation_keeps_rfdetrs_pipeline_and_rfdetrs_code_comes_back(coco_size
     for (image, target), (expected_image, expected_target) in zip(ours, expected, strict=True):
         assert torch.equal(image, expected_image)
         assert torch.equal(target["boxes"], expected_target["boxes"])
+
+
+@pytest.mark.slow
+def test_the_train_stage_named_it_trains_with_loader_workers_and_says_so(workdir, server, archives):
+    """Through snakemake, as a user names it: the loader's worker processes get the changed pipeline."""
+    from rfdetr_coco_pipeline.hooks import NAMES
+    from tests.helpers.workflow import run_snakemake, tiny_config, write_config
+
+    speedups = ["images_as_bytes", "resize_in_torch"]
+    config = tiny_config(workdir, server.url, archives, epochs=1, speedups=speedups, max_workers=2)
+    write_config(workdir, config)
+    result = run_snakemake(workdir, "results/train/block_01/checkpoint.ckpt")
+    assert result.returncode == 0, result.stdout[-5000:]
+    log = (workdir / "results" / "logs" / "train" / "block_01.log").read_text()
+    assert f"Speedups applied (2 of {len(NAMES)}): images_as_bytes, resize_in_torch" in log
+    checkpoint = torch.load(workdir / "results" / "train" / "block_01" / "checkpoint.ckpt", weights_only=False)
+    assert checkpoint["epoch"] == 0 and checkpoint["global_step"] > 0
