@@ -20,6 +20,10 @@ def test_the_shipped_config_is_valid():
     assert config_errors(base_config(), SCHEMA) == []
 
 
+def test_a_list_of_speedups_may_start_from_all():
+    assert config_errors(edited("train.speedups", ["all", "resize_in_torch"]), SCHEMA) == []
+
+
 def edited(path: str, value) -> dict:
     config = copy.deepcopy(base_config())
     *parents, key = path.split(".")
@@ -48,6 +52,7 @@ def edited(path: str, value) -> dict:
         ("archives.val2017.folder", "..", "archives.val2017.folder: '..' does not match"),  # never outside data_dir
         ("archives.val2017.folder", ".", "archives.val2017.folder: '.' does not match"),
         ("verify.expected_images.val2017", -1, "verify.expected_images.val2017: -1 is less than the minimum"),
+        ("train.speedups", ["all", "fastest"], "train.speedups: unknown speedup(s) fastest (known: all, "),
     ],
 )
 def test_each_class_of_invalid_value_names_the_key(path, value, expected):

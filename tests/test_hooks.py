@@ -197,6 +197,11 @@ def test_a_speedup_that_changes_values_applies_only_where_it_is_named_and_auto_a
         )
     named = select_speedups(["images_as_bytes", "resize_in_torch"], CHECKED_RFDETR, missing=())
     assert named.names() == ["images_as_bytes", "resize_in_torch"]
+    # all in a list: every speedup all applies, and the one named beside it
+    every_and_resize = select_speedups(["all", "resize_in_torch"], CHECKED_RFDETR, missing=())
+    assert every_and_resize.names() == list(NAMES) and every_and_resize.left_off == ()
+    with pytest.raises(SpeedupError, match=r"asks for every speedup, resize_in_torch, .* rfdetr 1\.12\.0"):
+        select_speedups(["all", "resize_in_torch"], "1.12.0")
     assert "**Only when named:** torch's resize rounds differently" in markdown_table()
 
 

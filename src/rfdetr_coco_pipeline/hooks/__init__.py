@@ -411,13 +411,24 @@ def hook_off_reason(name: str) -> str | None:
 
 
 def speedup_setting_problem(setting: Any) -> str | None:
-    """What is wrong with a `train.speedups` value, or None: one of `SETTINGS`, or a list of known names."""
+    """What is wrong with a `train.speedups` value, or None: one of `SETTINGS`, or a list of known names (`all` in
+    a list stands for `SAME_VALUES`)."""
     if isinstance(setting, str):
         return None if setting in SETTINGS else f"train.speedups: {setting!r} is not one of {', '.join(SETTINGS)}"
-    unknown = [name for name in setting or () if name not in NAMES]
+    unknown = [name for name in setting or () if name not in NAMES and name != "all"]
     if unknown:
-        return f"train.speedups: unknown speedup(s) {', '.join(unknown)} (known: {', '.join(NAMES)})"
+        return f"train.speedups: unknown speedup(s) {', '.join(unknown)} (known: all, {', '.join(NAMES)})"
     return None
+
+
+def wanted_names(setting: str | Sequence[str]) -> list[str]:
+    """The speedups a valid `train.speedups` asks for, in the registry's order."""
+    if setting in ("auto", "all"):
+        return list(SAME_VALUES)
+    if setting == "none":
+        return []
+    named = set(setting)
+    return [name for name in NAMES if name in named or ("all" in named and name in SAME_VALUES)]
 
 
 @dataclass(frozen=True)
@@ -459,12 +470,15 @@ def select_speedups(
     checked against and none with another (training is then stock rfdetr's); it leaves off, saying why, one whose
     targets changed, one whose `needs` are missing and, on the CPU, a `gpu_only` one. `all` (every speedup of
     `SAME_VALUES`), or a list of names, trains with every speedup it asks for or refuses with `SpeedupError` (a
-    `gpu_only` one applies on the CPU too). `none` applies nothing. A speedup that `differs` applies only when named.
+    `gpu_only` one applies on the CPU too). `none` applies nothing. A speedup that `differs` applies only when named
+    (`[all, name]`: every one of `SAME_VALUES` and that one).
     """
     if problem := speedup_setting_problem(setting):
         raise SpeedupError(problem)
-    wanted = list(SAME_VALUES) if setting in ("auto", "all") else [] if setting == "none" else list(setting)
-    asked = "every speedup" if setting == "all" else ", ".join(wanted)
+    wanted = wanted_names(setting)
+    every = setting == "all" or (not isinstance(setting, str) and "all" in setting)
+    extra = [name for name in wanted if name not in SAME_VALUES]
+    asked = ", ".join(["every speedup", *extra]) if every else ", ".join(wanted)
     if wanted and rfdetr_version != CHECKED_RFDETR:
         if setting != "auto":
             raise SpeedupError(
