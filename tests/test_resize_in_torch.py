@@ -42,15 +42,29 @@ def samples(module, split: str) -> list:
     return made
 
 
-def test_training_images_keep_rfdetrs_boxes_and_come_within_two_levels_of_its_pixels(coco_sized):
+def multi_scale_datamodule(dataset: Path):
+    """rfdetr's data module with multi-scale training: its random choice of resizes, crops and sizes."""
+    from rfdetr.config import RFDETRNanoConfig, TrainConfig
+    from rfdetr.training.module_data import RFDETRDataModule
+
+    train_config = TrainConfig(
+        dataset_file="coco", dataset_dir=str(dataset), batch_size=2, num_workers=0, multi_scale=True
+    )
+    module = RFDETRDataModule(RFDETRNanoConfig(pretrain_weights=None), train_config)
+    module.setup("fit")
+    return module
+
+
+@pytest.mark.parametrize("make_module", [rfdetr_datamodule, multi_scale_datamodule], ids=["recipe", "multi_scale"])
+def test_training_images_keep_rfdetrs_boxes_and_come_within_two_levels_of_its_pixels(coco_sized, make_module):
     from torchvision.transforms.v2 import ToImage
 
     # uint8 on both sides (images_as_bytes, as the GPU routes train), so pixels compare in levels of 255
     with applied(select_speedups(["images_as_bytes"], CHECKED_RFDETR)):
-        pillow = rfdetr_datamodule(coco_sized)
+        pillow = make_module(coco_sized)
         expected = samples(pillow, "train")
     with applied(select_speedups(["images_as_bytes", "resize_in_torch"], CHECKED_RFDETR)):
-        tensors = rfdetr_datamodule(coco_sized)
+        tensors = make_module(coco_sized)
         ours = samples(tensors, "train")
     assert isinstance(tensors._dataset_train._transforms.transforms[0], ToImage)
     assert not isinstance(pillow._dataset_train._transforms.transforms[0], ToImage)
