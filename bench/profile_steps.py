@@ -253,9 +253,9 @@ class StepProfile(pl.Callback):
 
 
 def parse_speedups(value: str) -> str | list[str]:
-    """--speedups: none, all, names separated by commas, or all (those that keep rfdetr's values, as
-    train.speedups: all) but some and with others: "all,-name,+name"."""
-    from rfdetr_coco_pipeline.hooks import NAMES, SAME_VALUES
+    """--speedups: none, all, names separated by commas, or all (as train.speedups: all) but some and with others:
+    "all,-name,+name"."""
+    from rfdetr_coco_pipeline.hooks import NAMES, wanted_names
 
     if value in ("none", "all"):
         return value
@@ -267,7 +267,7 @@ def parse_speedups(value: str) -> str | list[str]:
     unknown = (left_out | set(added)) - set(NAMES)
     if unknown or len(left_out) + len(added) != len(names) - 1:
         raise ValueError(f"not speedups, or without - or +: {sorted(unknown) or names[1:]}")
-    return [name for name in NAMES if (name in SAME_VALUES and name not in left_out) or name in added]
+    return [name for name in wanted_names(["all", *added]) if name not in left_out]
 
 
 def main() -> None:

@@ -303,7 +303,7 @@ SPEEDUPS: tuple[Speedup, ...] = (
 NAMES: tuple[str, ...] = tuple(speedup.name for speedup in SPEEDUPS)
 # the speedups that compute rfdetr's own values: what train.speedups auto and all select
 SAME_VALUES: tuple[str, ...] = tuple(speedup.name for speedup in SPEEDUPS if not speedup.differs)
-SETTINGS = ("auto", "all", "none")  # train.speedups: one of these, or a list of NAMES
+SETTINGS = ("auto", "all", "none")  # train.speedups: one of these, or a list of NAMES (and `all`)
 
 HOOKS: tuple[Hook, ...] = (
     Hook(

@@ -20,18 +20,19 @@ from typing import Any
 from rfdetr_coco_pipeline.hooks.patching import patch_rfdetr
 
 
-def tensor_first(compose: Any) -> bool:
-    """Put a `ToImage` at the start of a pipeline (rfdetr's `Compose`) that converts to a tensor later; True when it
-    did. Any other pipeline is left as it is."""
+def tensor_first(compose: Any) -> None:
+    """Put a `ToImage` at the start of a pipeline (rfdetr's `Compose`) that converts to a tensor later, and not
+    first; any other pipeline is left as it is."""
     from torchvision.transforms.v2 import ToImage
 
     steps = getattr(compose, "transforms", None)
-    if not isinstance(steps, list):
-        return False
-    if not steps or isinstance(steps[0], ToImage) or not any(isinstance(step, ToImage) for step in steps):
-        return False
-    compose.transforms = [ToImage(), *steps]
-    return True
+    if (
+        isinstance(steps, list)
+        and steps
+        and not isinstance(steps[0], ToImage)
+        and any(isinstance(step, ToImage) for step in steps)
+    ):
+        compose.transforms = [ToImage(), *steps]
 
 
 def _route_train_as_tensors(route: Callable[..., Any]) -> Callable[..., Any]:
