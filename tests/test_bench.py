@@ -888,3 +888,35 @@ def test_the_backbone_attention_with_one_projection_gives_rfdetrs_values_and_gra
     timed = measure(1, 1, 0, compile_blocks=False)
     assert set(timed["ms_per_step"]) == {"rfdetr", "fused_qkv"}
     assert set(timed["by_shape"]) == {"windowed", "whole_image"}
+
+
+def test_the_written_out_attention_gives_sdpas_values_and_gradients_and_is_timed_beside_the_backends():
+    """bench.attention_backends' written-out attention (two products around a float32 softmax) against SDPA's math
+    backend at a backbone window's shape: the same output and gradients of q, k and v in float32, within bf16
+    rounding in bf16; on the CPU the tool times it and reports a backend that cannot run as an error, not a time."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from bench.attention_backends import time_backend, written_out_attention
+
+    torch.manual_seed(0)
+    shape = (2, 3, 145, 64)
+    for dtype, tolerance in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
+        q, k, v = (torch.randn(shape, dtype=dtype, requires_grad=True) for _ in range(3))
+        grad = torch.randn(shape, dtype=dtype)
+        with sdpa_kernel(SDPBackend.MATH):
+            expected = F.scaled_dot_product_attention(q.float(), k.float(), v.float())
+        expected_grads = torch.autograd.grad(expected, (q, k, v), grad.float())
+        out = written_out_attention(q, k, v)
+        grads = torch.autograd.grad(out, (q, k, v), grad)
+        assert out.dtype == dtype
+        torch.testing.assert_close(out.float(), expected, atol=tolerance, rtol=tolerance)
+        for got, want in zip(grads, expected_grads, strict=True):
+            torch.testing.assert_close(got.float(), want.float(), atol=5 * tolerance, rtol=5 * tolerance)
+
+    record = time_backend("WRITTEN_OUT", shape, repeats=2, device="cpu", compiled=False)
+    assert record["forward_ms"] > 0 and record["backward_ms"] > 0
+    assert record["max_abs_difference_to_math"] < 2e-2
+    refused = time_backend(SDPBackend.CUDNN_ATTENTION, shape, repeats=2, device="cpu")
+    assert set(refused) == {"error"} and "backend" in refused["error"]
