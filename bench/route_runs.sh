@@ -9,8 +9,9 @@
 #   TRAIN_SPEEDUPS: train.speedups as the bench tools' --speedups takes it (bench.profile_steps): "all,-a,-b" is
 #              every speedup that keeps rfdetr's values but a and b, "all,+c" adds c (TRAIN: the settings themselves;
 #              neither: the route's own speedups)
-#   COLD=1:    empty the compile cache, run the first name alone (at most FIRST_LIMIT seconds), then the others at
-#              once on the cache it left; otherwise every name at once on the cache there is
+#   COLD=1:    empty the compile cache, run the first name alone (at most FIRST_LIMIT seconds), then the others
+#              on the cache it left; otherwise every name on the cache there is. The others run at once on a GPU of
+#              100 GB or more (an H200), one after another on a smaller one, each with LIMIT seconds
 #   LIMIT:     each run's limit in seconds (default: what is left of the call's 585 s)
 # Leaves in OUT: summary-<name>.json, <TAG>-checks.txt (each run's last lines and the speedups and CUDA graphs its
 # log reports), <TAG>-logs.tgz (the block logs and bench.compare's output), times.txt, env-route.txt.
@@ -44,8 +45,14 @@ if [ "${COLD:-0}" = 1 ]; then
   together=("${names[@]:1}")
 fi
 l=${LIMIT:-$(left)}
-for name in "${together[@]}"; do run "$name" "$l" & done
-wait
+# Two runs at once need about 72 GB of GPU memory: on a GPU with less than 100 GB (an H100) they run one after another.
+memory_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+if [ "${memory_mib:-0}" -ge 100000 ]; then
+  for name in "${together[@]}"; do run "$name" "$l" & done
+  wait
+else
+  for name in "${together[@]}"; do run "$name" "${LIMIT:-$(left)}"; done
+fi
 for name in "${names[@]}"; do
   tail -3 "$OUT/compare-$name.txt"
   grep -h "Speedups applied\|CUDA graphs\|cuda_graphs" "$OUT/$name-block_01.log" | head -3
