@@ -44,10 +44,10 @@ if [ "${COLD:-0}" = 1 ]; then
   run "${names[0]}" $(( l < first ? l : first ))
   together=("${names[@]:1}")
 fi
-l=${LIMIT:-$(left)}
-# Two runs at once need about 72 GB of GPU memory: on a GPU with less than 100 GB (an H100) they run one after another.
+# Two runs at once hold about 80 GB of GPU memory: on a GPU with less than 100 GB (an H100) they run one after another.
 memory_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
 if [ "${memory_mib:-0}" -ge 100000 ]; then
+  l=${LIMIT:-$(left)}
   for name in "${together[@]}"; do run "$name" "$l" & done
   wait
 else
