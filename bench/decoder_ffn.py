@@ -1,6 +1,5 @@
-"""The decoder's feed-forward block three ways, timed side by side: rfdetr's, one whose first matrix product adds
-the bias and applies the ReLU in cuBLASLt's epilogue, and one whose backward also zeroes the ReLU's gradient inside
-its first product.
+"""The decoder's feed-forward block two ways, timed side by side: rfdetr's, and one whose first matrix product adds
+the bias and applies the ReLU in cuBLASLt's epilogue.
 
 usage: python -m bench.decoder_ffn [--batch 128] [--repeats 20] [--warmup 3] [--no-compile] [--out FILE.json]
 
@@ -13,13 +12,10 @@ writes it again.
 - `relu_epilogue`: the first product, its bias and the ReLU in one call of `torch._addmm_activation` (cuBLASLt's
   bias-and-ReLU epilogue on CUDA; the hidden activation is written once), with its own backward
   (`LinearReLU`): the registry's `decoder_relu_in_the_product`.
-- `relu_backward`: that forward, and a backward whose first product (the second layer's input gradient) is zeroed
-  where the ReLU was off and summed into the first bias's gradient as it is written, one Triton kernel on CUDA
-  (`FeedForwardReLU`): the registry's `decoder_relu_backward_in_the_product`.
 
 Each is compiled on its own (torch.compile, static shapes, unless --no-compile), run forward under bf16 autocast and
 backward, on random queries; figures are GPU-busy ms per training step (both decoder layers), as in
-bench.block_timing. All give the same values and gradients up to rounding (tests/test_bench.py checks that against
+bench.block_timing. Both give the same values and gradients up to rounding (tests/test_bench.py checks that against
 rfdetr's own layer on the CPU).
 """
 
@@ -33,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bench.block_timing import Timer, side_by_side, side_by_side_main
-from rfdetr_coco_pipeline.hooks.patches.decoder_layer import feed_forward_relu, linear_relu
+from rfdetr_coco_pipeline.hooks.patches.decoder_layer import linear_relu
 
 QUERIES, WIDTH, HIDDEN, LAYERS = 3900, 256, 2048, 2  # rfdetr Nano in training
 
@@ -59,12 +55,7 @@ class FeedForward(nn.Module):
         self.activation = F.relu
 
 
-def relu_backward_block(layer: nn.Module, tgt: Tensor) -> Tensor:
-    """`rfdetr_block` through `FeedForwardReLU`: the registry's `decoder_relu_backward_in_the_product`."""
-    return layer.norm3(tgt + feed_forward_relu(layer.linear1, layer.linear2, tgt))
-
-
-BLOCKS = {"rfdetr": rfdetr_block, "relu_epilogue": relu_epilogue_block, "relu_backward": relu_backward_block}
+BLOCKS = {"rfdetr": rfdetr_block, "relu_epilogue": relu_epilogue_block}
 
 
 def measure(batch: int, repeats: int, warmup: int, compile_blocks: bool) -> dict[str, Any]:

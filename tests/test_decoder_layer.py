@@ -1,22 +1,14 @@
-"""The decoder-layer speedups (decoder_attention_on_views, decoder_relu_in_the_product,
-decoder_relu_backward_in_the_product): a real Nano training step gives rfdetr's loss and gradients with each, the
-lean parts are the ones that ran, evaluation is rfdetr's, and the Triton kernel gives the product it replaces."""
+"""The decoder-layer speedups (decoder_attention_on_views, decoder_relu_in_the_product): a real Nano training step
+gives rfdetr's loss and gradients with each, the lean parts are the ones that ran, and evaluation is rfdetr's."""
 
 from __future__ import annotations
-
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from rfdetr_coco_pipeline.hooks import applied, select_speedups
 
-LEAN = ("decoder_attention_on_views", "decoder_relu_in_the_product", "decoder_relu_backward_in_the_product")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FEED_FORWARD = ("decoder_relu_in_the_product", "decoder_relu_backward_in_the_product")  # either runs linear1 itself
+LEAN = ("decoder_attention_on_views", "decoder_relu_in_the_product")
 
 
 def nano_and_batch(tmp_path, device: str = "cpu"):
@@ -74,9 +66,7 @@ def rfdetrs_step(tmp_path_factory):
     return training_step(tmp_path_factory.mktemp("rfdetr"), ())
 
 
-@pytest.mark.parametrize(
-    "speedups", [LEAN[:1], LEAN[1:2], LEAN[2:], LEAN], ids=["views", "relu_in_product", "relu_backward", "all"]
-)
+@pytest.mark.parametrize("speedups", [LEAN[:1], LEAN[1:], LEAN], ids=["views", "relu_in_product", "both"])
 def test_each_lean_part_gives_rfdetrs_loss_and_gradients(tmp_path, rfdetrs_step, speedups):
     from rfdetr.models.transformer import TransformerDecoderLayer
 
@@ -87,7 +77,7 @@ def test_each_lean_part_gives_rfdetrs_loss_and_gradients(tmp_path, rfdetrs_step,
     assert rfdetr_calls == {"self_attn": 2, "linear1": 2}  # two decoder layers, each module called once
     # the lean part ran instead of the module it replaces; the other part is rfdetr's
     assert calls["self_attn"] == (0 if "decoder_attention_on_views" in speedups else 2)
-    assert calls["linear1"] == (0 if set(FEED_FORWARD) & set(speedups) else 2)
+    assert calls["linear1"] == (0 if "decoder_relu_in_the_product" in speedups else 2)
     assert torch.allclose(loss, expected_loss, rtol=1e-5)
     assert grads.keys() == expected_grads.keys()
     decoder = [name for name in grads if ".decoder.layers." in name]
@@ -135,47 +125,3 @@ def test_in_evaluation_the_layer_is_rfdetrs(tmp_path):
             outputs.append(model(images)["pred_boxes"])
         assert calls == {"self_attn": 2, "linear1": 2}  # rfdetr's modules ran, not the lean parts
     assert torch.equal(*outputs)
-
-
-def masked_product_differences(device: str, dtype: torch.dtype, rows: int, inner: int, columns: int) -> dict:
-    """Largest differences between `launch_masked_product` (the Triton kernel) and the product it replaces,
-    `(grad @ weight) * (hidden > 0)` and its column sums, each relative to the largest value of the reference."""
-    from rfdetr_coco_pipeline.hooks.patches.decoder_layer import launch_masked_product
-
-    generator = torch.Generator().manual_seed(3)
-    grad = torch.randn(rows, inner, generator=generator).to(device, dtype)
-    weight = torch.randn(inner, columns, generator=generator).to(device, dtype)
-    hidden = torch.relu(torch.randn(rows, columns, generator=generator)).to(device, dtype)  # about half are zero
-    product, sums = launch_masked_product(grad, weight, hidden)
-    expected = (grad @ weight) * (hidden > 0)
-    assert product.dtype == dtype and sums.dtype == torch.float32
-    assert torch.equal(product == 0, expected == 0)  # zero exactly where the ReLU was off
-    return {
-        "product": float((product.float() - expected.float()).abs().max() / expected.float().abs().max()),
-        "sums": float((sums - expected.float().sum(0)).abs().max() / expected.float().sum(0).abs().max()),
-    }
-
-
-def test_in_tritons_interpreter_the_kernel_gives_the_masked_product_and_its_sums():
-    pytest.importorskip("triton", reason="Triton comes with torch's Linux wheels; without it the kernel never runs")
-    # float32: the interpreter's products of bf16 tiles are wrong (Triton 3.x); bf16 is checked on the GPU.
-    # 300 rows: two full blocks of 128 and a partial one; two column blocks; two steps of the inner dimension
-    code = (
-        "import json, torch; from tests.test_decoder_layer import masked_product_differences as d; "
-        "print(json.dumps(d('cpu', torch.float32, rows=300, inner=128, columns=256)))"
-    )
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": ROOT}
-    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    found = json.loads(run.stdout.strip().splitlines()[-1])
-    assert found["product"] < 1e-5 and found["sums"] < 1e-5, found
-
-
-@pytest.mark.gpu
-def test_on_the_gpu_the_kernel_gives_the_masked_product_at_nanos_shapes():
-    # batch 128 x 3,900 queries, 256 wide, 2,048 inside: bf16 as trained, and float32
-    found = masked_product_differences("cuda", torch.bfloat16, rows=128 * 3900, inner=256, columns=2048)
-    assert found["product"] < 1e-2 and found["sums"] < 1e-2, found
-    torch.backends.cuda.matmul.allow_tf32 = False
-    found = masked_product_differences("cuda", torch.float32, rows=1000, inner=256, columns=2048)
-    assert found["product"] < 1e-5 and found["sums"] < 1e-5, found

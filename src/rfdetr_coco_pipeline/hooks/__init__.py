@@ -219,15 +219,6 @@ SPEEDUPS: tuple[Speedup, ...] = (
         reads=DECODER_LAYER_READS,
     ),
     _patch(
-        "decoder_relu_backward_in_the_product",
-        (DECODER_LAYER_FORWARD,),
-        "in training the decoder's feed-forward backward zeroes the ReLU's gradient inside its first product "
-        "(a Triton kernel on CUDA)",
-        reads=DECODER_LAYER_READS,
-        needs=("triton",),
-        gpu_only=True,  # on the CPU the product and the mask are torch's, as without it
-    ),
-    _patch(
         "padding_in_one_copy",
         ("rfdetr.models.matcher:pad_sequence",),
         "the matcher pads a batch's targets in two operations instead of one copy per image",

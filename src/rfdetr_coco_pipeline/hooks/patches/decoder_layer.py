@@ -1,6 +1,5 @@
-"""rfdetr's decoder layer in training with fewer copies: the forward that the speedups `decoder_attention_on_views`,
-`decoder_relu_in_the_product` and `decoder_relu_backward_in_the_product` put in place of
-`TransformerDecoderLayer.forward_post`, each turning on its part.
+"""rfdetr's decoder layer in training with fewer copies: the forward that the speedups `decoder_attention_on_views`
+and `decoder_relu_in_the_product` put in place of `TransformerDecoderLayer.forward_post`, each turning on its part.
 
 In training, each of Nano's two decoder layers runs 3,900 queries (13 groups of 300 that attend only within their
 group) through self-attention, deformable cross-attention and a 2,048-wide ReLU feed-forward block.
@@ -13,11 +12,6 @@ group) through self-attention, deformable cross-attention and a 2,048-wide ReLU 
 - **ReLU in the product** (`LinearReLU`). The first feed-forward product writes a (batch x 3,900, 2,048) activation
   (2 GB in bf16 at batch 128) that a second kernel reads to add the bias and apply the ReLU. Here one call of
   `torch._addmm_activation` (cuBLASLt's bias-and-ReLU epilogue on CUDA) writes it once, with its own backward.
-- **The ReLU's backward in the product** (`FeedForwardReLU`, on CUDA). In the backward pass the gradient of that
-  activation is a product (the second layer's backward) written in full, then read and written again to zero it
-  where the ReLU was off, then read once more to sum the first bias's gradient. Here one Triton kernel
-  (`decoder_relu_backward_kernels`) computes the product, zeroes it where the activation is zero as it writes it,
-  and sums its columns; the forward is the one above.
 
 Everything else is rfdetr's layer as written. The lean forward covers the training call of a plain layer (no
 attention masks, no keypoints, `nn.MultiheadAttention` and `nn.Linear` as rfdetr builds them, ReLU, queries a
@@ -40,17 +34,14 @@ from torch import Tensor, nn
 from rfdetr_coco_pipeline.hooks.patching import patch_rfdetr
 
 LAYER = "rfdetr.models.transformer:TransformerDecoderLayer"
-VIEWS, RELU_IN_PRODUCT, RELU_BACKWARD_IN_PRODUCT = "views", "relu_in_product", "relu_backward_in_product"
-# the Triton kernel's tile: rows, columns and inner dimension of the product computed by one program
-BLOCK_M, BLOCK_N, BLOCK_K, WARPS, STAGES = 128, 128, 64, 8, 3
+VIEWS, RELU_IN_PRODUCT = "views", "relu_in_product"
 
 _parts_on: Counter[str] = Counter()  # the lean parts turned on by the blocks now entered, nested blocks counted
 
 
 @contextmanager
 def lean_part(part: str) -> Iterator[None]:
-    """Within this block the decoder layer's `part` (VIEWS, RELU_IN_PRODUCT or RELU_BACKWARD_IN_PRODUCT) runs the
-    lean way. The first block
+    """Within this block the decoder layer's `part` (VIEWS or RELU_IN_PRODUCT) runs the lean way. The first block
     entered puts the lean forward in place; rfdetr's is back when the last one leaves, also after an error."""
     with patch_rfdetr(LAYER, "forward_post", lean_forward_post) if not _parts_on else nullcontext():
         _parts_on[part] += 1
@@ -106,85 +97,6 @@ def linear_relu(linear: nn.Linear, x: Tensor) -> Tensor:
         flat = x.reshape(-1, x.shape[-1]).to(dtype)
         out = LinearReLU.apply(flat, linear.weight.to(dtype), linear.bias.to(dtype))
     return out.view(*x.shape[:-1], -1)
-
-
-@torch.library.custom_op("rfdetr_pipeline::relu_masked_product", mutates_args=())
-def relu_masked_product(grad: Tensor, weight: Tensor, hidden: Tensor) -> tuple[Tensor, Tensor]:
-    """`(grad @ weight) * (hidden > 0)` for 2-D `grad` (M, K), `weight` (K, N) and `hidden` (M, N) of one dtype, and
-    its column sums in float32: the gradient of a ReLU's input from the next product's backward, and of the bias
-    before the ReLU. On CUDA one Triton kernel (`launch_masked_product`) computes both."""
-    product = (grad @ weight) * (hidden > 0)
-    return product, product.float().sum(0)
-
-
-@relu_masked_product.register_fake
-def _(grad: Tensor, weight: Tensor, hidden: Tensor) -> tuple[Tensor, Tensor]:
-    return hidden.new_empty(hidden.shape), hidden.new_empty(hidden.shape[1], dtype=torch.float32)
-
-
-@relu_masked_product.register_kernel("cuda")
-def launch_masked_product(grad: Tensor, weight: Tensor, hidden: Tensor) -> tuple[Tensor, Tensor]:
-    """`relu_masked_product` by the Triton kernel; N and K must be multiples of BLOCK_N and BLOCK_K."""
-    from rfdetr_coco_pipeline.hooks.patches import decoder_relu_backward_kernels
-
-    (rows, inner), columns = grad.shape, weight.shape[1]
-    row_blocks = -(-rows // BLOCK_M)
-    out = torch.empty_like(hidden)
-    sums = torch.empty((row_blocks, columns), device=hidden.device, dtype=torch.float32)
-    precision = "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"  # float32 inputs only: as torch's product
-    decoder_relu_backward_kernels.masked_product_kernel[(row_blocks * (columns // BLOCK_N),)](
-        grad.contiguous(), weight.contiguous(), hidden.contiguous(), out, sums, rows, columns, inner,
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, PRECISION=precision, num_warps=WARPS, num_stages=STAGES,
-    )  # fmt: skip
-    return out, sums.sum(0)
-
-
-class FeedForwardReLU(torch.autograd.Function):
-    """`relu(x @ weight1.T + bias1) @ weight2.T + bias2` for 2-D `x`: the forward as `LinearReLU` and a product; the
-    backward's first product is `relu_masked_product`, which also gives the first bias's gradient."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, weight1: Tensor, bias1: Tensor, weight2: Tensor, bias2: Tensor) -> Tensor:
-        hidden = torch._addmm_activation(bias1, x, weight1.t())
-        ctx.save_for_backward(x, weight1, weight2, hidden)
-        return torch.addmm(bias2, hidden, weight2.t())
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, ...]:
-        x, weight1, weight2, hidden = ctx.saved_tensors
-        grad_hidden, grad_bias1 = relu_masked_product(grad, weight2, hidden)
-        return (
-            grad_hidden @ weight1,
-            grad_hidden.t() @ x,
-            grad_bias1.to(hidden.dtype),
-            grad.t() @ hidden,
-            grad.sum(0),
-        )
-
-
-def feed_forward_relu(linear1: nn.Linear, linear2: nn.Linear, x: Tensor) -> Tensor:
-    """`linear2(relu(linear1(x)))` through `FeedForwardReLU`; under autocast the inputs are cast as autocast casts
-    a linear layer's."""
-    device = x.device.type
-    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
-    with torch.autocast(device, enabled=False):
-        flat = x.reshape(-1, x.shape[-1]).to(dtype)
-        parameters = (linear1.weight, linear1.bias, linear2.weight, linear2.bias)
-        out = FeedForwardReLU.apply(flat, *(parameter.to(dtype) for parameter in parameters))
-    return out.view(*x.shape[:-1], -1)
-
-
-def _feed_forward_fits(layer: nn.Module) -> bool:
-    """Whether `feed_forward_relu` computes the layer's feed-forward block: plain linear layers with biases around a
-    ReLU, no dropout between them, widths that fill the CUDA kernel's tiles (Nano's 2,048 and 256 do)."""
-    return (
-        _relu_feed_forward(layer)
-        and type(layer.linear2) is nn.Linear
-        and layer.linear2.bias is not None
-        and layer.dropout.p == 0
-        and layer.linear1.out_features % BLOCK_N == 0
-        and layer.linear2.out_features % BLOCK_K == 0
-    )
 
 
 def _plain_attention(attention: nn.Module) -> bool:
@@ -250,8 +162,6 @@ def lean_forward_post(original: Callable[..., Any]) -> Callable[..., Any]:
             input_spatial_shapes_hw=spatial_shapes_hw,
         )
         tgt = self.norm2(tgt + self.dropout2(tgt2))
-        if RELU_BACKWARD_IN_PRODUCT in _parts_on and _feed_forward_fits(self):
-            return self.norm3(tgt + self.dropout3(feed_forward_relu(self.linear1, self.linear2, tgt)))
         if RELU_IN_PRODUCT in _parts_on and _relu_feed_forward(self):
             hidden = linear_relu(self.linear1, tgt)
         else:
