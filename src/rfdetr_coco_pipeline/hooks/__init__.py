@@ -107,7 +107,8 @@ DATA_MODULE = "rfdetr.training.module_data:RFDETRDataModule"
 # rfdetr's train() looks this up when it is called: wrapping it reaches the Trainer train() builds
 BUILD_TRAINER = ("rfdetr.training:build_trainer", "rfdetr.detr:RFDETR.train")
 SAMPLER_EPOCH = "lightning_fabric.utilities.data:_set_sampler_epoch"
-DECODER_LAYER_FORWARD = "rfdetr.models.transformer:TransformerDecoderLayer.forward_post"
+TRANSFORMER = "rfdetr.models.transformer"
+DECODER_LAYER_FORWARD = f"{TRANSFORMER}:TransformerDecoderLayer.forward_post"
 # the layer's attributes the lean forward uses, and the function that names its activation
 DECODER_LAYER_READS = (
     "rfdetr.models.transformer:TransformerDecoderLayer.__init__",
@@ -217,6 +218,21 @@ SPEEDUPS: tuple[Speedup, ...] = (
         (DECODER_LAYER_FORWARD,),
         "in training the decoder's first feed-forward product adds its bias and ReLU in cuBLASLt's epilogue",
         reads=DECODER_LAYER_READS,
+    ),
+    _patch(
+        "two_stage_ranking_without_autograd",
+        (f"{TRANSFORMER}:Transformer._two_stage_group_selection",),
+        "in training the two-stage proposals are ranked without autograd and only the selected rows computed with it",
+        reads=(
+            f"{TRANSFORMER}:_stack_linear_params",
+            f"{TRANSFORMER}:_batched_group_linear",
+            f"{TRANSFORMER}:_batched_group_layer_norm",
+        ),
+    ),
+    _patch(
+        "sine_embedding_frequencies_once",
+        (f"{TRANSFORMER}:gen_sineembed_for_position",),
+        "the decoder's sine embedding of its boxes reads frequencies computed once instead of one pow per number",
     ),
     _patch(
         "padding_in_one_copy",
