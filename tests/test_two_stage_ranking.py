@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from rfdetr_coco_pipeline.hooks import applied, select_speedups
+from tests.helpers.rfdetr_steps import nano_and_batch
 
 SPEEDUP = ["two_stage_ranking_without_autograd"]
 # At 64 px the encoder has 16 positions an image; with 10 queries a group the ranking keeps 10 of them, as the
@@ -14,32 +15,10 @@ SPEEDUP = ["two_stage_ranking_without_autograd"]
 QUERIES = 10
 
 
-def nano_and_batch(tmp_path, device: str = "cpu"):
-    from rfdetr.config import RFDETRNanoConfig, TrainConfig
-    from rfdetr.training.module_model import RFDETRModelModule
-    from rfdetr.utilities.tensors import NestedTensor
-
-    torch.manual_seed(0)
-    module = RFDETRModelModule(
-        RFDETRNanoConfig(pretrain_weights=None, resolution=64, num_queries=QUERIES, device=device),
-        TrainConfig(dataset_dir=str(tmp_path), output_dir=str(tmp_path)),
-    )
-    generator = torch.Generator().manual_seed(1)
-    images = NestedTensor(torch.rand(2, 3, 64, 64, generator=generator), torch.zeros(2, 64, 64, dtype=torch.bool))
-    targets = [
-        {"labels": torch.tensor([3, 7]), "boxes": torch.tensor([[0.4, 0.5, 0.2, 0.3], [0.6, 0.4, 0.1, 0.2]])},
-        {"labels": torch.tensor([1]), "boxes": torch.tensor([[0.5, 0.5, 0.3, 0.3]])},
-    ]
-    module.to(device)
-    images = images.to(device)
-    targets = [{key: value.to(device) for key, value in target.items()} for target in targets]
-    return module, images, targets
-
-
 def training_step(tmp_path, speedups: list[str], autocast: bool = False, device: str = "cpu"):
     """One training step of rfdetr's Nano with `speedups` in place: the loss, every parameter's gradient, the
     encoder's proposals as they reach the loss, and how many numbers autograd kept for the backward pass."""
-    module, images, targets = nano_and_batch(tmp_path, device)
+    module, images, targets = nano_and_batch(tmp_path, device, num_queries=QUERIES)
     model = module.model.train()
     kept_numbers = [0]
 
@@ -122,7 +101,7 @@ def test_on_the_gpu_the_step_gives_rfdetrs(tmp_path):
 def test_in_evaluation_the_selection_is_rfdetrs(tmp_path):
     outputs = []
     for speedups in ([], SPEEDUP):
-        module, images, _ = nano_and_batch(tmp_path)
+        module, images, _ = nano_and_batch(tmp_path, num_queries=QUERIES)
         with applied(select_speedups(speedups, "1.11.2", device_kind="cpu")), torch.no_grad():
             outputs.append(module.model.eval()(images)["pred_boxes"])
     assert torch.equal(*outputs)

@@ -28,6 +28,31 @@ def tiny_detector_step(device: str, batch: int, tmp_path, resolution: int = 128)
     return module.criterion, outputs, targets
 
 
+def nano_and_batch(tmp_path, device: str = "cpu", **model: object):
+    """rfdetr's Nano training module (64 px, seeded; `model`: further RFDETRNanoConfig settings) and a batch of two
+    random images with their boxes, on `device`."""
+    from rfdetr.config import RFDETRNanoConfig, TrainConfig
+    from rfdetr.training.module_model import RFDETRModelModule
+    from rfdetr.utilities.tensors import NestedTensor
+
+    torch.manual_seed(0)
+    module = RFDETRModelModule(
+        RFDETRNanoConfig(pretrain_weights=None, resolution=64, device=device, **model),
+        TrainConfig(dataset_dir=str(tmp_path), output_dir=str(tmp_path)),
+    )
+    generator = torch.Generator().manual_seed(1)
+    images = NestedTensor(torch.rand(2, 3, 64, 64, generator=generator), torch.zeros(2, 64, 64, dtype=torch.bool))
+    targets = [
+        {"labels": torch.tensor([3, 7]), "boxes": torch.tensor([[0.4, 0.5, 0.2, 0.3], [0.6, 0.4, 0.1, 0.2]])},
+        {"labels": torch.tensor([1]), "boxes": torch.tensor([[0.5, 0.5, 0.3, 0.3]])},
+    ]
+    if device != "cpu":
+        module.to(device)
+        images = images.to(device)
+        targets = [{key: value.to(device) for key, value in target.items()} for target in targets]
+    return module, images, targets
+
+
 def solve_all_layers(criterion, outputs, targets):
     """rfdetr's batched matching of every decoder layer at once, as its loss calls it in a training step."""
     layers = [{k: v for k, v in outputs.items() if k not in ("aux_outputs", "enc_outputs")}]

@@ -230,11 +230,6 @@ SPEEDUPS: tuple[Speedup, ...] = (
         ),
     ),
     _patch(
-        "sine_embedding_frequencies_once",
-        (f"{TRANSFORMER}:gen_sineembed_for_position",),
-        "the decoder's sine embedding of its boxes reads frequencies computed once instead of one pow per number",
-    ),
-    _patch(
         "padding_in_one_copy",
         ("rfdetr.models.matcher:pad_sequence",),
         "the matcher pads a batch's targets in two operations instead of one copy per image",

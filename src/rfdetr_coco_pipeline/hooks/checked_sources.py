@@ -55,5 +55,4 @@ CHECKED: dict[str, tuple[str, ...]] = {
     "rfdetr.models.transformer:_stack_linear_params": ("439a96105680",),
     "rfdetr.models.transformer:_batched_group_linear": ("720df40b7866",),
     "rfdetr.models.transformer:_batched_group_layer_norm": ("12edb0c69593",),
-    "rfdetr.models.transformer:gen_sineembed_for_position": ("2c2fa7729ff5",),
 }
