@@ -154,10 +154,10 @@ def test_the_gpu_check_runs_through_sbatch_where_training_will_and_stops_the_run
     result = run_with_profile(workdir, slurm_test_profile(tmp_path), timeout=300)
     assert result.returncode != 0 and server.requests == [] and not (workdir / "data" / "archives").exists()
     jobs = [job for job_id, job in slurm_jobs().items() if job_id not in before]
-    assert jobs and all("rule_check_gpus" in job["Comment"] for job in jobs)  # the profile's retry submits it again
-    for check in jobs:
-        assert check["JobState"] == "FAILED" and check["Partition"] == PARTITION
-        assert re.search(r"gres[/:]gpu:2", check["TresPerJob"])
+    (check,) = jobs  # one submission: the profile's retries do not apply to the check
+    assert "rule_check_gpus" in check["Comment"]
+    assert check["JobState"] == "FAILED" and check["Partition"] == PARTITION
+    assert re.search(r"gres[/:]gpu:2", check["TresPerJob"])
     log = (workdir / "results" / "logs" / "preflight" / "gpus.log").read_text()
     assert "No CUDA GPU is visible" in log and "--config preflight=false" in log
 
