@@ -5,11 +5,11 @@ rule check_gpus:
         LOGS / "preflight" / "gpus.log",
     benchmark:
         BENCHMARKS / "preflight" / "gpus.tsv"
-    # Runs where training will run (a GPU node of a cluster), unless there is nothing to look for.
-    localrule: not checks_gpus(SETTINGS)
     # A missing GPU does not come back on a second try: the run stops at the first answer, not after the profile's
     # retries (up to four submissions on SLURM).
     retries: 0
+    # Runs where training will run (a GPU node of a cluster), unless there is nothing to look for.
+    localrule: not checks_gpus(SETTINGS)
     conda:
         "../envs/pipeline.yaml"
     resources:

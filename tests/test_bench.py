@@ -803,7 +803,8 @@ def test_the_decoder_self_attention_variants_give_rfdetrs_values_and_gradients()
     finally:
         layer.self_attn.__class__ = nn.MultiheadAttention
     for want, got in zip(expected, lean, strict=True):
-        assert torch.allclose(want, got, rtol=1e-4, atol=1e-5)
+        # float32 rounding of sums over many terms, bounded by the tensor's scale (the gradients reach a few hundred)
+        assert (want - got).abs().max() <= 1e-6 * want.abs().max() + 1e-5
 
     inputs = [tgt.detach().clone().requires_grad_(True), query_pos.detach().clone().requires_grad_(True)]
     results = []
