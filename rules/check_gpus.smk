@@ -6,7 +6,7 @@ rule check_gpus:
     benchmark:
         BENCHMARKS / "preflight" / "gpus.tsv"
     # A missing GPU does not come back on a second try: the run stops at the first answer, not after the profile's
-    # retries (up to four submissions on SLURM).
+    # retries (up to four tries on SLURM).
     retries: 0
     # Runs where training will run (a GPU node of a cluster), unless there is nothing to look for.
     localrule: not checks_gpus(SETTINGS)

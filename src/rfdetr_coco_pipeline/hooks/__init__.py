@@ -111,8 +111,8 @@ TRANSFORMER = "rfdetr.models.transformer"
 DECODER_LAYER_FORWARD = f"{TRANSFORMER}:TransformerDecoderLayer.forward_post"
 # the layer's attributes the lean forward uses, and the function that names its activation
 DECODER_LAYER_READS = (
-    "rfdetr.models.transformer:TransformerDecoderLayer.__init__",
-    "rfdetr.models.transformer:_get_activation_fn",
+    f"{TRANSFORMER}:TransformerDecoderLayer.__init__",
+    f"{TRANSFORMER}:_get_activation_fn",
 )
 
 SPEEDUPS: tuple[Speedup, ...] = (

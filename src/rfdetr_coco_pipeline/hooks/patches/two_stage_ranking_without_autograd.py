@@ -27,10 +27,10 @@ from torch.nn import functional as F
 
 from rfdetr_coco_pipeline.hooks.patching import patch_rfdetr
 
-TRANSFORMER = "rfdetr.models.transformer:Transformer"
-
 
 def selected_with_autograd(original: Callable[..., Any]) -> Callable[..., Any]:
+    """rfdetr's `_two_stage_group_selection` with autograd recording only the selected rows; with autograd off (no
+    backward pass to spare) it is `original`."""
     from rfdetr.models import transformer as rfdetr_transformer
 
     stack = rfdetr_transformer._stack_linear_params
@@ -98,4 +98,4 @@ def selected_with_autograd(original: Callable[..., Any]) -> Callable[..., Any]:
 def two_stage_ranking_without_autograd() -> AbstractContextManager[None]:
     """Within this block rfdetr's training ranks the two-stage proposals without autograd and computes the selected
     rows again with it (see the module's text)."""
-    return patch_rfdetr(TRANSFORMER, "_two_stage_group_selection", selected_with_autograd)
+    return patch_rfdetr("rfdetr.models.transformer:Transformer", "_two_stage_group_selection", selected_with_autograd)
