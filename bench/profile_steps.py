@@ -14,7 +14,8 @@ of every kernel, copy and memset interval on the device), the host seconds of ea
 calls, call counts, and the kernels that take most GPU time; also the seconds before the timed steps (start-up,
 compile or compile-cache loads, first steps) and torch.compile's cache lookups by then. Then the process exits,
 before any validation. `--cudnn-benchmark` lets cuDNN time its algorithms per shape; Inductor's settings come from
-the environment (e.g. TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1), and each run's name and result record both.
+the environment (e.g. TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1, TORCHINDUCTOR_ENABLE_PDL=1): the result records
+every TORCHINDUCTOR_ variable set, and the run's name coordinate descent.
 
 If the GPU is busy a fraction f of a step, a step made of the same kernels cannot run faster than f times the
 step's time however little the host does: 1/f is the ceiling on the speed-up from removing host overhead.
@@ -30,6 +31,7 @@ import resource
 import sys
 import time
 from collections import Counter, defaultdict
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -270,6 +272,12 @@ def parse_speedups(value: str) -> str | list[str]:
     return [name for name in wanted_names(["all", *added]) if name not in left_out]
 
 
+def inductor_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The TORCHINDUCTOR_ variables of `environ`, sorted by name: the Inductor settings a run took from its
+    environment, which its result must name to be told apart from a run without them."""
+    return {key: environ[key] for key in sorted(environ) if key.startswith("TORCHINDUCTOR_")}
+
+
 def main() -> None:
     from types import SimpleNamespace
 
@@ -326,6 +334,7 @@ def main() -> None:
     callback.result["speedups"] = selection.names()
     callback.result["cudnn_benchmark"] = torch.backends.cudnn.benchmark
     callback.result["coordinate_descent_tuning"] = inductor_config.coordinate_descent_tuning
+    callback.result["inductor_environment"] = inductor_environment(os.environ)
     with applied(selection, SimpleNamespace(loader_niceness=args.loader_niceness)) as speedup_callbacks:
         train_like_notebook(
             args.dataset,

@@ -691,6 +691,14 @@ def test_speedups_as_the_bench_tools_take_them_start_from_those_that_keep_rfdetr
             parse_speedups(wrong)
 
 
+def test_a_profile_records_the_inductor_settings_its_environment_set():
+    from bench.profile_steps import inductor_environment
+
+    environ = {"TORCHINDUCTOR_ENABLE_PDL": "1", "PATH": "/bin", "TORCHINDUCTOR_CACHE_DIR": "/tmp/c", "TORCH_LOGS": "x"}
+    assert inductor_environment(environ) == {"TORCHINDUCTOR_CACHE_DIR": "/tmp/c", "TORCHINDUCTOR_ENABLE_PDL": "1"}
+    assert inductor_environment({"PATH": "/bin"}) == {}
+
+
 def test_the_flop_count_is_per_image_splits_the_forward_by_part_and_gives_the_rates_utilisation(tmp_path):
     """bench.flops on the real Nano training module (64 px keeps it quick): the count per image does not depend on
     how many images were counted, the backward is about twice the forward, the parts hold the forward, and the
