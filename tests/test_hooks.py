@@ -68,6 +68,8 @@ SPEEDUP_TESTS = {
     "test_training_images_keep_rfdetrs_boxes_and_come_within_two_levels_of_its_pixels",
     "deformable_sampling": "tests/test_deformable_sampling.py::"
     "test_in_tritons_interpreter_the_kernels_give_grid_samples_values_and_gradients",
+    "patch_embedding_as_product": "tests/test_patch_embedding_as_product.py::"
+    "test_the_step_embeds_without_the_convolution_and_gives_rfdetrs_loss_and_gradients",
     "decoder_attention_on_views": "tests/test_decoder_layer.py::test_each_lean_part_gives_rfdetrs_loss_and_gradients",
     "decoder_relu_in_the_product": "tests/test_decoder_layer.py::test_each_lean_part_gives_rfdetrs_loss_and_gradients",
     "two_stage_ranking_without_autograd": "tests/test_two_stage_ranking.py::"
@@ -96,7 +98,7 @@ SPEEDUP_TESTS = {
 
 
 def test_the_registry_names_each_speedup_once_with_a_test_that_exists():
-    assert len(NAMES) == len(set(NAMES)) == 27
+    assert len(NAMES) == len(set(NAMES)) == 28
     assert set(SPEEDUP_TESTS) == set(NAMES)
     for speedup in SPEEDUPS:
         file, _, test = SPEEDUP_TESTS[speedup.name].partition("::")

@@ -107,6 +107,7 @@ DATA_MODULE = "rfdetr.training.module_data:RFDETRDataModule"
 # rfdetr's train() looks this up when it is called: wrapping it reaches the Trainer train() builds
 BUILD_TRAINER = ("rfdetr.training:build_trainer", "rfdetr.detr:RFDETR.train")
 SAMPLER_EPOCH = "lightning_fabric.utilities.data:_set_sampler_epoch"
+PATCH_EMBEDDINGS = "rfdetr.models.backbone.dinov2_with_windowed_attn:Dinov2WithRegistersPatchEmbeddings"
 TRANSFORMER = "rfdetr.models.transformer"
 DECODER_LAYER_FORWARD = f"{TRANSFORMER}:TransformerDecoderLayer.forward_post"
 # the layer's attributes the lean forward uses, and the function that names its activation
@@ -206,6 +207,12 @@ SPEEDUPS: tuple[Speedup, ...] = (
         ("rfdetr.models.ops.functions.ms_deform_attn_func:_bilinear_grid_sample",),
         "the decoder's bilinear sampling runs as Triton kernels on CUDA (needs Triton)",
         needs=("triton",),
+    ),
+    _patch(
+        "patch_embedding_as_product",
+        (f"{PATCH_EMBEDDINGS}.forward",),
+        "in training the backbone embeds the images' 16 x 16 patches with one matrix product, not a convolution",
+        reads=(f"{PATCH_EMBEDDINGS}.__init__",),
     ),
     _patch(
         "decoder_attention_on_views",

@@ -30,6 +30,8 @@ CHECKED: dict[str, tuple[str, ...]] = {
     "rfdetr.training.module_data:RFDETRDataModule.on_after_batch_transfer": ("6574b625bd57",),
     "rfdetr.datasets.transforms:Normalize.__init__": ("2e372149b2ee",),
     "rfdetr.models.ops.functions.ms_deform_attn_func:_bilinear_grid_sample": ("34c5635186d8",),
+    "rfdetr.models.backbone.dinov2_with_windowed_attn:Dinov2WithRegistersPatchEmbeddings.forward": ("7c201ad5c59e",),
+    "rfdetr.models.backbone.dinov2_with_windowed_attn:Dinov2WithRegistersPatchEmbeddings.__init__": ("d75460a369ac",),
     "rfdetr.models.matcher:HungarianMatcher._compute_compact_detection_cost_matrix": ("954badbcd4cf",),
     "rfdetr.training.callbacks.coco_eval:COCOEvalCallback._convert_targets": ("f692fc7518a9",),
     "rfdetr.training.coco_map:OnePassCocoMeanAveragePrecision.update": ("df847098f6c7",),
