@@ -53,6 +53,46 @@ def nano_and_batch(tmp_path, device: str = "cpu", **model: object):
     return module, images, targets
 
 
+def nano_training_step(module, images, targets, speedups: list[str], autocast: bool = False, device: str = "cpu"):
+    """One training step of `module` (from `nano_and_batch`) with `speedups` in place (selected as on the CPU, so a
+    GPU-only one applies when named): its outputs, its loss, and every parameter's gradient."""
+    from rfdetr_coco_pipeline.hooks import applied, select_speedups
+
+    model = module.model.train()
+    with applied(select_speedups(speedups, "1.11.2", device_kind="cpu")):
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):
+            outputs = model(images, targets)
+            losses = module.criterion(outputs, targets)
+            weights = module.criterion.weight_dict
+            loss = sum(losses[k] * weights[k] for k in losses if k in weights)
+        loss.backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    return outputs, loss.detach(), grads
+
+
+def assert_gradients_alike(grads: dict, expected_grads: dict, most_apart: float = 0.0, least_cosine: float = 1.0):
+    """Each of `grads` is within `most_apart` of its `expected_grads` one, relative to that one's norm (0: not
+    checked), and points its way (cosine at least `least_cosine`; 1: not checked). A gradient that is zero but for
+    rounding (the backbone's key biases: softmax ignores a shift every key shares; box heads behind a last layer that
+    starts at zero) has no direction: below 1e-4 of the largest norm both must be. Most must be compared."""
+    assert grads.keys() == expected_grads.keys()
+    largest = max(grad.norm() for grad in expected_grads.values())
+    compared = 0
+    for name, grad in grads.items():
+        expected = expected_grads[name]
+        assert grad.dtype == expected.dtype, name
+        if expected.norm() < 1e-4 * largest:
+            assert grad.norm() < 1e-4 * largest, name
+            continue
+        if most_apart:
+            assert (grad - expected).norm() <= most_apart * expected.norm(), name
+        if least_cosine < 1.0:
+            cosine = torch.nn.functional.cosine_similarity(grad.flatten(), expected.flatten(), dim=0)
+            assert cosine > least_cosine, name
+        compared += 1
+    assert compared > 0.8 * len(grads)  # most gradients compared, not skipped
+
+
 def solve_all_layers(criterion, outputs, targets):
     """rfdetr's batched matching of every decoder layer at once, as its loss calls it in a training step."""
     layers = [{k: v for k, v in outputs.items() if k not in ("aux_outputs", "enc_outputs")}]
