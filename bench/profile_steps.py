@@ -281,7 +281,7 @@ def inductor_environment(environ: Mapping[str, str]) -> dict[str, str]:
 def main() -> None:
     from types import SimpleNamespace
 
-    from rfdetr_coco_pipeline.hooks import SAME_VALUES, applied, select_speedups
+    from rfdetr_coco_pipeline.hooks import BY_DEFAULT, applied, select_speedups
     from rfdetr_coco_pipeline.versions import package_version
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -320,8 +320,8 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     # the variant and the speedups of `all` left out and those added (or those applied, when fewer): a short name
     chosen = selection.names()
-    left_out = [name for name in SAME_VALUES if name not in chosen]
-    added = [name for name in chosen if name not in SAME_VALUES]
+    left_out = [name for name in BY_DEFAULT if name not in chosen]
+    added = [name for name in chosen if name not in BY_DEFAULT]
     short = ["all", *(f"-{n}" for n in left_out), *(f"+{n}" for n in added)]
     name = "+".join([args.variant, *(chosen if len(chosen) <= len(left_out) else short)])
     name += f"+nice{args.loader_niceness}" if args.loader_niceness else ""

@@ -7,7 +7,7 @@
 # usage: OUT=DIR TAG=NAME NAMES="runA runB ..." [TRAIN='<train settings as JSON>' | TRAIN_SPEEDUPS=all,-NAME,+NAME] [COLD=1]
 #        [FIRST_LIMIT=330] [LIMIT=<s>] bash bench/route_runs.sh
 #   TRAIN_SPEEDUPS: train.speedups as the bench tools' --speedups takes it (bench.profile_steps): "all,-a,-b" is
-#              every speedup that keeps rfdetr's values but a and b, "all,+c" adds c (TRAIN: the settings themselves;
+#              every speedup that auto applies but a and b, "all,+c" adds c (TRAIN: the settings themselves;
 #              neither: the route's own speedups)
 #   COLD=1:    empty the compile cache, run the first name alone (at most FIRST_LIMIT seconds), then the others
 #              on the cache it left; otherwise every name on the cache there is. The others run at once on a GPU of

@@ -676,15 +676,15 @@ def test_the_loaders_tensor_resize_builds_the_training_set_inside_the_resize_in_
 
 def test_speedups_as_the_bench_tools_take_them_start_from_those_that_keep_rfdetrs_values():
     from bench.profile_steps import parse_speedups
-    from rfdetr_coco_pipeline.hooks import NAMES, SAME_VALUES
+    from rfdetr_coco_pipeline.hooks import BY_DEFAULT, NAMES
 
     assert parse_speedups("all") == "all" and parse_speedups("gc_freeze,resize_in_torch") == [
         "gc_freeze",
         "resize_in_torch",
     ]
-    assert parse_speedups("all,-gc_freeze") == [name for name in SAME_VALUES if name != "gc_freeze"]
+    assert parse_speedups("all,-gc_freeze") == [name for name in BY_DEFAULT if name != "gc_freeze"]
     with_resize = parse_speedups("all,-gc_freeze,+resize_in_torch")
-    assert set(with_resize) == set(SAME_VALUES) - {"gc_freeze"} | {"resize_in_torch"}
+    assert set(with_resize) == set(BY_DEFAULT) - {"gc_freeze"} | {"resize_in_torch"}
     assert with_resize == [name for name in NAMES if name in with_resize]  # in the registry's order
     for wrong in ("all,-fastest", "all,gc_freeze"):
         with pytest.raises(ValueError, match="not speedups"):

@@ -12,7 +12,7 @@ import re
 import pytest
 import torch
 
-from rfdetr_coco_pipeline.hooks import NAMES, SAME_VALUES
+from rfdetr_coco_pipeline.hooks import BY_DEFAULT, NAMES
 from tests.helpers.archive_server import ArchiveServer
 from tests.helpers.tiny_coco import make_archives, make_dataset
 from tests.helpers.workflow import run_snakemake, tiny_config, write_config
@@ -73,7 +73,7 @@ def test_the_h200_row_as_a_user_gets_it_captures_and_replays_cuda_graphs(workdir
             assert "matches 'H200'" in run["profile_reason"]
         # auto applies every speedup that keeps rfdetr's values; only those that do not are left off
         assert "static_cuda_graphs" in run["speedups"]
-        assert set(run["speedups_left_off"]) == set(NAMES) - set(SAME_VALUES)
+        assert set(run["speedups_left_off"]) == set(NAMES) - set(BY_DEFAULT)
         log = (workdir / "results" / "logs" / "train" / f"{block}.log").read_text()
         assert "CUDA graphs: compiled for one fixed input shape, CUDA graph replay on" in log
         # every process (each block is one) captures its graphs, then replays them step after step

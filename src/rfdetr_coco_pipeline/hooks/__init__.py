@@ -58,8 +58,9 @@ class Speedup:
     constructed without arguments. `replaces` says what it swaps: for a patch the private names, for a callback in
     words. `reads` lists further private names it relies on. `needs` names the modules it cannot work without;
     `gpu_only` marks one that gains nothing when training runs on the CPU. Each has a test that shows it gives
-    rfdetr's values (the tests' `SPEEDUP_TESTS` names it), or, for one whose `differs` says how its values are not
-    rfdetr's, how far they move; such a speedup applies only where train.speedups names it."""
+    rfdetr's values (the tests' `SPEEDUP_TESTS` names it), or, for one whose values are not rfdetr's, how far they
+    move. `only_when_named` says why `auto` and `all` leave one off, which then applies only where train.speedups
+    names it: its values are not rfdetr's, or its gain on a GPU is not yet measured."""
 
     name: str
     kind: Literal["patch", "callback"]
@@ -70,7 +71,7 @@ class Speedup:
     options: tuple[str, ...] = ()
     needs: tuple[str, ...] = ()
     gpu_only: bool = False
-    differs: str = ""
+    only_when_named: str = ""
 
     @property
     def targets(self) -> tuple[str, ...]:
@@ -88,10 +89,10 @@ def _patch(
     options: tuple[str, ...] = (),
     needs: tuple[str, ...] = (),
     gpu_only: bool = False,
-    differs: str = "",
+    only_when_named: str = "",
 ) -> Speedup:
     entry = f"rfdetr_coco_pipeline.hooks.patches.{name}:{name}"
-    return Speedup(name, "patch", entry, replaces, effect, reads, options, needs, gpu_only, differs)
+    return Speedup(name, "patch", entry, replaces, effect, reads, options, needs, gpu_only, only_when_named)
 
 
 def _callback(name: str, cls: str, replaces: str, effect: str, reads: tuple[str, ...] = ()) -> Speedup:
@@ -200,7 +201,8 @@ SPEEDUPS: tuple[Speedup, ...] = (
         "resize_in_torch",
         ("rfdetr.datasets.coco:_route_transforms",),
         "training images are resized, cropped and flipped as uint8 tensors by torchvision, not as Pillow images",
-        differs="torch's resize rounds differently from Pillow's: pixels differ by up to 2 levels of 255",
+        only_when_named="not rfdetr's values (torch's resize rounds differently from Pillow's: pixels differ by up "
+        "to 2 levels of 255)",
     ),
     _patch(
         "deformable_sampling",
@@ -213,6 +215,7 @@ SPEEDUPS: tuple[Speedup, ...] = (
         (f"{PATCH_EMBEDDINGS}.forward",),
         "in training the backbone embeds the images' 16 x 16 patches with one matrix product, not a convolution",
         reads=(f"{PATCH_EMBEDDINGS}.__init__",),
+        only_when_named="its gain on a GPU is not yet measured",
     ),
     _patch(
         "decoder_attention_on_views",
@@ -319,8 +322,8 @@ SPEEDUPS: tuple[Speedup, ...] = (
     ),
 )
 NAMES: tuple[str, ...] = tuple(speedup.name for speedup in SPEEDUPS)
-# the speedups that compute rfdetr's own values: what train.speedups auto and all select
-SAME_VALUES: tuple[str, ...] = tuple(speedup.name for speedup in SPEEDUPS if not speedup.differs)
+# what train.speedups auto and all select: the speedups that compute rfdetr's own values and were measured to gain
+BY_DEFAULT: tuple[str, ...] = tuple(speedup.name for speedup in SPEEDUPS if not speedup.only_when_named)
 SETTINGS = ("auto", "all", "none")  # train.speedups: one of these, or a list of NAMES (and `all`)
 
 HOOKS: tuple[Hook, ...] = (
@@ -430,7 +433,7 @@ def hook_off_reason(name: str) -> str | None:
 
 def speedup_setting_problem(setting: Any) -> str | None:
     """What is wrong with a `train.speedups` value, or None: one of `SETTINGS`, or a list of known names (`all` in
-    a list stands for `SAME_VALUES`)."""
+    a list stands for `BY_DEFAULT`)."""
     if isinstance(setting, str):
         return None if setting in SETTINGS else f"train.speedups: {setting!r} is not one of {', '.join(SETTINGS)}"
     unknown = [name for name in setting or () if name not in NAMES and name != "all"]
@@ -442,11 +445,11 @@ def speedup_setting_problem(setting: Any) -> str | None:
 def wanted_names(setting: str | Sequence[str]) -> list[str]:
     """The speedups a valid `train.speedups` asks for, in the registry's order."""
     if setting in ("auto", "all"):
-        return list(SAME_VALUES)
+        return list(BY_DEFAULT)
     if setting == "none":
         return []
     named = set(setting)
-    return [name for name in NAMES if name in named or ("all" in named and name in SAME_VALUES)]
+    return [name for name in NAMES if name in named or ("all" in named and name in BY_DEFAULT)]
 
 
 @dataclass(frozen=True)
@@ -484,18 +487,18 @@ def select_speedups(
     modules that do not import here; None: `missing_modules()`), the device training runs on (`device_kind`:
     "cuda" or "cpu") and `changed` (the speedups whose targets are not as checked; None: the gate's answer).
 
-    `auto` applies every speedup that computes rfdetr's values (`SAME_VALUES`) with the rfdetr version they were
-    checked against and none with another (training is then stock rfdetr's); it leaves off, saying why, one whose
-    targets changed, one whose `needs` are missing and, on the CPU, a `gpu_only` one. `all` (every speedup of
-    `SAME_VALUES`), or a list of names, trains with every speedup it asks for or refuses with `SpeedupError` (a
-    `gpu_only` one applies on the CPU too). `none` applies nothing. A speedup that `differs` applies only when named
-    (`[all, name]`: every one of `SAME_VALUES` and that one).
+    `auto` applies every speedup of `BY_DEFAULT` (each computes rfdetr's values, its gain measured) with the rfdetr
+    version they were checked against and none with another (training is then stock rfdetr's); it leaves off, saying
+    why, one whose targets changed, one whose `needs` are missing and, on the CPU, a `gpu_only` one. `all` (every
+    speedup of `BY_DEFAULT`), or a list of names, trains with every speedup it asks for or refuses with
+    `SpeedupError` (a `gpu_only` one applies on the CPU too). `none` applies nothing. A speedup `only_when_named`
+    applies only where a list names it (`[all, name]`: every one of `BY_DEFAULT` and that one).
     """
     if problem := speedup_setting_problem(setting):
         raise SpeedupError(problem)
     wanted = wanted_names(setting)
     every = setting == "all" or (not isinstance(setting, str) and "all" in setting)
-    extra = [name for name in wanted if name not in SAME_VALUES]
+    extra = [name for name in wanted if name not in BY_DEFAULT]
     asked = ", ".join(["every speedup", *extra]) if every else ", ".join(wanted)
     if wanted and rfdetr_version != CHECKED_RFDETR:
         if setting != "auto":
@@ -533,8 +536,8 @@ def select_speedups(
     def why_off(speedup: Speedup) -> str:
         if setting == "none":
             return "train.speedups: none"
-        if speedup.differs and setting in ("auto", "all"):
-            return f"not rfdetr's values ({speedup.differs}): applies only where train.speedups names it"
+        if speedup.only_when_named and setting in ("auto", "all"):
+            return f"{speedup.only_when_named}: applies only where train.speedups names it"
         return "not named in train.speedups"
 
     return Selection(
@@ -568,7 +571,8 @@ def markdown_table() -> str:
     rows = ["| speedup | what it does | replaces |", "| --- | --- | --- |"]
     for speedup in SPEEDUPS:
         replaces = "<br>".join(f"`{what}`" if speedup.kind == "patch" else what for what in speedup.replaces)
-        effect = f"{speedup.effect}. **Only when named:** {speedup.differs}" if speedup.differs else speedup.effect
+        why = speedup.only_when_named
+        effect = f"{speedup.effect}. **Only when named:** {why}" if why else speedup.effect
         rows.append(f"| `{speedup.name}` | {effect} | {replaces} |")
     return "\n".join(rows)
 
