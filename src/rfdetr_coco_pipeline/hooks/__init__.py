@@ -108,7 +108,9 @@ DATA_MODULE = "rfdetr.training.module_data:RFDETRDataModule"
 # rfdetr's train() looks this up when it is called: wrapping it reaches the Trainer train() builds
 BUILD_TRAINER = ("rfdetr.training:build_trainer", "rfdetr.detr:RFDETR.train")
 SAMPLER_EPOCH = "lightning_fabric.utilities.data:_set_sampler_epoch"
-PATCH_EMBEDDINGS = "rfdetr.models.backbone.dinov2_with_windowed_attn:Dinov2WithRegistersPatchEmbeddings"
+BACKBONE = "rfdetr.models.backbone.dinov2_with_windowed_attn"
+PATCH_EMBEDDINGS = f"{BACKBONE}:Dinov2WithRegistersPatchEmbeddings"
+BACKBONE_LAYER = f"{BACKBONE}:WindowedDinov2WithRegistersLayer"
 TRANSFORMER = "rfdetr.models.transformer"
 DECODER_LAYER_FORWARD = f"{TRANSFORMER}:TransformerDecoderLayer.forward_post"
 # the layer's attributes the lean forward uses, and the function that names its activation
@@ -215,6 +217,16 @@ SPEEDUPS: tuple[Speedup, ...] = (
         (f"{PATCH_EMBEDDINGS}.forward",),
         "in training the backbone embeds the images' 16 x 16 patches with one matrix product, not a convolution",
         reads=(f"{PATCH_EMBEDDINGS}.__init__",),
+        only_when_named="its gain on a GPU is not yet measured",
+    ),
+    _patch(
+        "backbone_norm_backward_in_one_pass",
+        (f"{BACKBONE_LAYER}.forward",),
+        "in training each backbone layer's first residual sum and the LayerNorm after it go backward in one Triton "
+        "kernel that also sums their parameters' gradients",
+        reads=(f"{BACKBONE_LAYER}.__init__", f"{BACKBONE}:Dinov2WithRegistersLayerScale.__init__"),
+        needs=("triton",),
+        gpu_only=True,  # its kernel runs on CUDA only (the tests run it in Triton's interpreter)
         only_when_named="its gain on a GPU is not yet measured",
     ),
     _patch(

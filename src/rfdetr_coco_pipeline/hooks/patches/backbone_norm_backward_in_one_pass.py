@@ -1,0 +1,186 @@
+"""In training, each backbone layer's first residual sum and the LayerNorm after it go backward in one Triton
+kernel, which also sums the layer scale's and the norm's parameter gradients.
+
+Each of the backbone's 12 layers computes h = x + scale * a (the residual stream x, the attention's output a, the
+layer scale's `lambda1`) and z = LayerNorm(h) (`norm2`), whose output feeds the feed-forward block. Backward, Inductor
+computes the gradients of x and a row by row in one kernel, then reads the gradients and the activations again in
+separate column reductions for the gradients of the scale and of the norm's weight and bias: three passes over
+(batch x windows x tokens) rows of 384 floats, where one suffices.
+
+Here the forward is torch's own (`torch.native_layer_norm`, which Inductor fuses as before) inside an autograd
+function whose backward is `rfdetr_pipeline::residual_norm_backward`, a custom operator (so `torch.compile` keeps
+it in the compiled graph and CUDA graphs can record it) that runs `residual_norm_kernels` once over the rows. The
+layer's other steps are rfdetr's as written. Under autocast z comes out in the autocast dtype, which rfdetr's first
+feed-forward product casts it to anyway, so its gradient arrives in that dtype without a float32 copy.
+
+Guarantees: h, z and every gradient are rfdetr's up to floating-point rounding (the same sums in another order).
+It applies in training, to a plain layer (no drop path, a LayerNorm with weight and bias, rows of at most 1,024),
+on CUDA tensors, or on the CPU under Triton's interpreter (`TRITON_INTERPRET=1`, the tests); any other call is
+rfdetr's. It needs Triton (the registry's `needs`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from rfdetr_coco_pipeline.hooks.patching import patch_rfdetr
+
+LAYER = "rfdetr.models.backbone.dinov2_with_windowed_attn:WindowedDinov2WithRegistersLayer"
+TILE = 8  # rows a program holds at once: 8 x 512 floats a tensor, 16 a thread of its 8 warps
+WARPS = 8
+PROGRAMS = 1024  # programs at most: each writes one row of partial column sums
+
+
+def _kernels() -> Any:
+    from rfdetr_coco_pipeline.hooks.patches import residual_norm_kernels
+
+    return residual_norm_kernels
+
+
+@torch.library.custom_op("rfdetr_pipeline::residual_norm_backward", mutates_args=())
+def residual_norm_backward(
+    grad_z: Tensor,
+    grad_h: Tensor,
+    h: Tensor,
+    a: Tensor,
+    mean: Tensor,
+    rstd: Tensor,
+    scale: Tensor,
+    weight: Tensor,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The gradients of x, a, scale, weight and bias of h = x + scale * a, z = LayerNorm(h) (rows of h's last
+    dimension; mean and rstd the norm's per-row statistics), given those of z and h, in one pass over the rows."""
+    channels = h.shape[-1]
+    rows = h.numel() // channels
+    block = triton_block(channels)
+    programs = max(1, min(PROGRAMS, -(-rows // TILE)))
+    grad_x = torch.empty_like(h, dtype=torch.float32)
+    grad_a = torch.empty_like(a)
+    partial = torch.empty((3, programs, block), device=h.device, dtype=torch.float32)
+    _kernels().residual_norm_backward_kernel[(programs,)](
+        grad_z.contiguous(),
+        grad_h.contiguous(),
+        h.contiguous(),
+        a.contiguous(),
+        mean.contiguous(),
+        rstd.contiguous(),
+        scale.contiguous(),
+        weight.contiguous(),
+        grad_x,
+        grad_a,
+        partial[0],
+        partial[1],
+        partial[2],
+        rows,
+        channels,
+        TILE=TILE,
+        BLOCK_C=block,
+        num_warps=WARPS,
+    )
+    grad_scale, grad_weight, grad_bias = (partial[i, :, :channels].sum(0) for i in range(3))
+    return grad_x, grad_a, grad_scale.to(scale.dtype), grad_weight.to(weight.dtype), grad_bias.to(weight.dtype)
+
+
+@residual_norm_backward.register_fake
+def _(grad_z, grad_h, h, a, mean, rstd, scale, weight):  # noqa: ANN001, ANN202
+    return (
+        torch.empty_like(h, dtype=torch.float32),
+        torch.empty_like(a),
+        torch.empty_like(scale),
+        torch.empty_like(weight),
+        torch.empty_like(weight),
+    )
+
+
+def triton_block(channels: int) -> int:
+    """The power of two that holds a row of `channels` (Triton's blocks are powers of two)."""
+    return 1 << (channels - 1).bit_length()
+
+
+class ResidualNorm(torch.autograd.Function):
+    """(h, z) = (x + scale * a, LayerNorm(h) as `out_dtype`), forward with torch's ops, backward in one kernel."""
+
+    @staticmethod
+    def forward(  # noqa: ANN205
+        ctx: Any, x: Tensor, a: Tensor, scale: Tensor, weight: Tensor, bias: Tensor, eps: float, out_dtype: torch.dtype
+    ):
+        h = x + a * scale  # float32 as in rfdetr: a float32 scale promotes a bf16 `a`
+        z, mean, rstd = torch.native_layer_norm(h, (h.shape[-1],), weight, bias, eps)
+        ctx.save_for_backward(h, a, mean, rstd, scale, weight)
+        return h, z.to(out_dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad_h: Tensor | None, grad_z: Tensor | None):  # noqa: ANN205
+        h, a, mean, rstd, scale, weight = ctx.saved_tensors
+        grad_h = torch.zeros_like(h) if grad_h is None else grad_h
+        grad_z = torch.zeros_like(h) if grad_z is None else grad_z
+        grad_x, grad_a, grad_scale, grad_weight, grad_bias = residual_norm_backward(
+            grad_z, grad_h, h, a, mean, rstd, scale, weight
+        )
+        return grad_x, grad_a, grad_scale, grad_weight, grad_bias, None, None
+
+
+def residual_norm(x: Tensor, a: Tensor, scale: Tensor, norm: nn.LayerNorm) -> tuple[Tensor, Tensor]:
+    """(x + scale * a, norm of it): the norm's output in the autocast dtype where autocast is on (what the next
+    product computes in), else float32 as rfdetr's."""
+    device = x.device.type
+    out_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else torch.float32
+    with torch.autocast(device, enabled=False):
+        return ResidualNorm.apply(x, a, scale, norm.weight, norm.bias, norm.eps, out_dtype)
+
+
+def _kernels_run_on(tensor: Tensor) -> bool:
+    # Triton's interpreter runs the kernel on the CPU: how the tests run it without a GPU
+    return tensor.is_cuda or (tensor.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1")
+
+
+def _plain(layer: Any, x: Tensor) -> bool:
+    norm = layer.norm2
+    return (
+        type(layer.drop_path) is nn.Identity
+        and type(norm) is nn.LayerNorm
+        and norm.weight is not None
+        and norm.bias is not None
+        and norm.normalized_shape == (x.shape[-1],)
+        and x.shape[-1] <= 1024
+        and x.dtype == torch.float32
+    )
+
+
+def layer_with_one_pass_backward(original: Callable[..., Any]) -> Callable[..., Any]:
+    """rfdetr's `WindowedDinov2WithRegistersLayer.forward` with its first residual sum and `norm2` through
+    `residual_norm` in training; otherwise `original`."""
+
+    def forward(
+        self: Any, hidden_states: Tensor, output_attentions: bool = False, run_full_attention: bool = False
+    ) -> Any:
+        if not (self.training and not output_attentions and _kernels_run_on(hidden_states)):
+            return original(self, hidden_states, output_attentions, run_full_attention)
+        if not _plain(self, hidden_states):
+            return original(self, hidden_states, output_attentions, run_full_attention)
+        shortcut = hidden_states
+        windows, tokens, channels = hidden_states.shape
+        squared = self.num_windows**2
+        if run_full_attention:  # rfdetr's: the windows of an image as one sequence, and back
+            hidden_states = hidden_states.view(windows // squared, squared * tokens, channels)
+        attention_outputs = self.attention(self.norm1(hidden_states), output_attentions=False)
+        attention_output = attention_outputs[0]
+        if run_full_attention:
+            attention_output = attention_output.view(windows, tokens, channels)
+        h, z = residual_norm(shortcut, attention_output, self.layer_scale1.lambda1, self.norm2)
+        layer_output = self.layer_scale2(self.mlp(z))
+        return (self.drop_path(layer_output) + h, *attention_outputs[1:])
+
+    return forward
+
+
+def backbone_norm_backward_in_one_pass() -> AbstractContextManager[None]:
+    """Within this block rfdetr's backbone layers in training take their first residual sum and `norm2` backward
+    in one kernel (see the module's text)."""
+    return patch_rfdetr(LAYER, "forward", layer_with_one_pass_backward)

@@ -1,0 +1,123 @@
+"""backbone_norm_backward_in_one_pass: the one-pass kernel gives autograd's gradients of x + scale * a and the
+LayerNorm after it, a real Nano training step with it gives rfdetr's loss and gradients, and elsewhere the layer is
+rfdetr's.
+
+On the CPU the kernel runs in Triton's interpreter (`TRITON_INTERPRET=1`, in a fresh interpreter because Triton
+reads it when the kernels are defined); on the GPU it runs compiled."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rfdetr_coco_pipeline.hooks import applied, select_speedups
+from tests.helpers.rfdetr_steps import assert_gradients_alike, nano_and_batch, nano_training_step
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SPEEDUP = ["backbone_norm_backward_in_one_pass"]
+
+
+def in_the_interpreter(code: str) -> None:
+    """Run `code` in a fresh Python with Triton's interpreter on; fail with its error output if it fails."""
+    pytest.importorskip("triton", reason="Triton comes with torch's Linux wheels; without it the kernel never runs")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": ROOT}
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-4000:]
+
+
+def check_kernel_against_autograd(rows: int, channels: int, a_dtype: torch.dtype, programs: int) -> None:
+    """residual_norm (its kernel limited to `programs` programs) against autograd of torch's own ops: h, z and the
+    gradients of x, a, scale, weight and bias, each within float32 rounding of the reference's largest value."""
+    from rfdetr_coco_pipeline.hooks.patches import backbone_norm_backward_in_one_pass as lever
+
+    lever.PROGRAMS = programs
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(rows, channels, generator=generator, requires_grad=True)
+    a = torch.randn(rows, channels, generator=generator).to(a_dtype).requires_grad_(True)
+    norm = torch.nn.LayerNorm(channels, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(channels, generator=generator) + 0.5)
+        norm.bias.copy_(torch.randn(channels, generator=generator))
+    scale = (torch.rand(channels, generator=generator) + 0.5).requires_grad_(True)
+    grad_h, grad_z = torch.randn(rows, channels, generator=generator), torch.randn(rows, channels, generator=generator)
+    inputs = (x, a, scale, norm.weight, norm.bias)
+
+    h, z = lever.residual_norm(x, a, scale, norm)
+    ours = [h, z, *torch.autograd.grad((h, z), inputs, (grad_h, grad_z))]
+    h = x + a * scale
+    z = F.layer_norm(h, (channels,), norm.weight, norm.bias, norm.eps)
+    theirs = [h, z, *torch.autograd.grad((h, z), inputs, (grad_h, grad_z))]
+    for name, mine, reference in zip(("h", "z", "x", "a", "scale", "weight", "bias"), ours, theirs, strict=True):
+        assert mine.dtype == reference.dtype and mine.shape == reference.shape, name
+        difference = float((mine - reference).detach().float().abs().max() / reference.detach().float().abs().max())
+        assert difference < (1e-2 if reference.dtype == torch.bfloat16 else 1e-5), (name, difference)
+
+
+def test_in_tritons_interpreter_the_kernel_gives_autograds_values_and_gradients():
+    # 70 rows in tiles of 8 over 2 programs: each program walks several tiles, the last one partly empty; 24
+    # channels in a block of 32: the row is masked too
+    in_the_interpreter(
+        "from tests.test_backbone_norm_backward import check_kernel_against_autograd as check; import torch; "
+        "check(70, 24, torch.float32, programs=2); check(70, 24, torch.bfloat16, programs=2); "
+        "check(5, 384, torch.bfloat16, programs=1024)"
+    )
+
+
+def training_step(tmp_path, speedups: list[str], autocast: bool = False, device: str = "cpu"):
+    """A Nano training step with `speedups`: the loss, every gradient, and how often the layers' norm2 ran as a
+    module."""
+    module, images, targets = nano_and_batch(tmp_path, device)
+    norms = []
+    for layer in module.model.backbone[0].encoder.encoder.encoder.layer:
+        layer.norm2.register_forward_hook(lambda *_: norms.append(1))
+    _, loss, grads = nano_training_step(module, images, targets, speedups, autocast, device)
+    return loss, grads, len(norms)
+
+
+def check_nano_step(tmp_path: str) -> None:
+    """The step with the speedup against rfdetr's, in float32 and under bf16 autocast."""
+    from pathlib import Path
+
+    tmp = Path(tmp_path)
+    expected_loss, expected_grads, rfdetr_norms = training_step(tmp / "rfdetr", [])
+    loss, grads, norms = training_step(tmp / "lean", SPEEDUP)
+    assert (rfdetr_norms, norms) == (12, 0)  # every layer's norm2 went through the kernel's path
+    assert torch.allclose(loss, expected_loss, rtol=1e-5)
+    assert_gradients_alike(grads, expected_grads, most_apart=2e-4)
+    expected_loss, expected_grads, _ = training_step(tmp / "rfdetr-bf16", [], autocast=True)
+    loss, grads, _ = training_step(tmp / "lean-bf16", SPEEDUP, autocast=True)
+    assert torch.allclose(loss, expected_loss, rtol=2e-2)
+    assert_gradients_alike(grads, expected_grads, least_cosine=0.999)
+
+
+def test_in_tritons_interpreter_a_nano_training_step_gives_rfdetrs_loss_and_gradients(tmp_path):
+    in_the_interpreter(
+        f"from tests.test_backbone_norm_backward import check_nano_step; check_nano_step({str(tmp_path)!r})"
+    )
+
+
+def test_without_the_kernel_evaluation_and_the_cpu_keep_rfdetrs_layer(tmp_path):
+    """Without Triton's interpreter a CPU step takes rfdetr's path; so does evaluation."""
+    assert os.environ.get("TRITON_INTERPRET") != "1"
+    _, _, norms = training_step(tmp_path, SPEEDUP)
+    assert norms == 12
+    module, images, _ = nano_and_batch(tmp_path)
+    outputs = []
+    for speedups in ([], SPEEDUP):
+        with applied(select_speedups(speedups, "1.11.2", device_kind="cpu")), torch.no_grad():
+            outputs.append(module.model.eval()(images)["pred_boxes"])
+    assert torch.equal(*outputs)
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_the_step_gives_rfdetrs(tmp_path):
+    expected_loss, expected_grads, _ = training_step(tmp_path / "rfdetr", [], autocast=True, device="cuda")
+    loss, grads, norms = training_step(tmp_path / "lean", SPEEDUP, autocast=True, device="cuda")
+    assert norms == 0
+    assert torch.allclose(loss, expected_loss, rtol=2e-2)
+    assert_gradients_alike(grads, expected_grads, least_cosine=0.999)
