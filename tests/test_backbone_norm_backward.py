@@ -101,6 +101,37 @@ def test_in_tritons_interpreter_a_nano_training_step_gives_rfdetrs_loss_and_grad
     )
 
 
+def check_compiled_layer(tmp_path: str) -> None:
+    """A full-attention backbone layer compiled whole (`fullgraph=True`: no graph breaks) with the speedup, against
+    rfdetr's eager layer: output and gradients within float32 rounding, and norm2 not run as a module."""
+    module, _, _ = nano_and_batch(tmp_path)
+    layer = module.model.backbone[0].encoder.encoder.encoder.layer[3].train()
+    x = torch.randn(8, 5, 384, generator=torch.Generator().manual_seed(2), requires_grad=True)
+    norms = []
+    layer.norm2.register_forward_hook(lambda *_: norms.append(1))
+
+    def run(forward):
+        x.grad = None
+        layer.zero_grad()
+        out = forward(x, False, True)[0]
+        out.square().sum().backward()
+        return [out.detach(), x.grad, layer.norm2.weight.grad, layer.layer_scale1.lambda1.grad]
+
+    expected = run(layer.forward)
+    assert len(norms) == 1
+    with applied(select_speedups(SPEEDUP, "1.11.2", device_kind="cpu")):
+        found = run(torch.compile(layer.forward, fullgraph=True))
+    assert len(norms) == 1
+    for mine, reference in zip(found, expected, strict=True):
+        assert (mine - reference).abs().max() <= 1e-5 * reference.abs().max()
+
+
+def test_in_tritons_interpreter_the_compiled_layer_gives_rfdetrs(tmp_path):
+    in_the_interpreter(
+        f"from tests.test_backbone_norm_backward import check_compiled_layer; check_compiled_layer({str(tmp_path)!r})"
+    )
+
+
 def test_without_the_kernel_evaluation_and_the_cpu_keep_rfdetrs_layer(tmp_path):
     """Without Triton's interpreter a CPU step takes rfdetr's path; so does evaluation."""
     assert os.environ.get("TRITON_INTERPRET") != "1"
