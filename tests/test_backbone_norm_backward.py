@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections import Counter
 
 import pytest
 import torch
@@ -69,14 +70,15 @@ def test_in_tritons_interpreter_the_kernel_gives_autograds_values_and_gradients(
 
 
 def training_step(tmp_path, speedups: list[str], autocast: bool = False, device: str = "cpu"):
-    """A Nano training step with `speedups`: the loss, every gradient, and how often the layers' norm2 ran as a
-    module."""
+    """A Nano training step with `speedups`: the loss, every gradient, and how often the layers' norm1 and norm2 ran
+    as modules."""
     module, images, targets = nano_and_batch(tmp_path, device)
     norms = []
     for layer in module.model.backbone[0].encoder.encoder.encoder.layer:
-        layer.norm2.register_forward_hook(lambda *_: norms.append(1))
+        layer.norm1.register_forward_hook(lambda *_: norms.append("norm1"))
+        layer.norm2.register_forward_hook(lambda *_: norms.append("norm2"))
     _, loss, grads = nano_training_step(module, images, targets, speedups, autocast, device)
-    return loss, grads, len(norms)
+    return loss, grads, Counter(norms)
 
 
 def check_nano_step(tmp_path: str) -> None:
@@ -86,7 +88,8 @@ def check_nano_step(tmp_path: str) -> None:
     tmp = Path(tmp_path)
     expected_loss, expected_grads, rfdetr_norms = training_step(tmp / "rfdetr", [])
     loss, grads, norms = training_step(tmp / "lean", SPEEDUP)
-    assert (rfdetr_norms, norms) == (12, 0)  # every layer's norm2 went through the kernel's path
+    assert rfdetr_norms == {"norm1": 12, "norm2": 12}
+    assert norms == {"norm1": 1}  # but the first layer's norm1, every norm went through the kernel's path
     assert torch.allclose(loss, expected_loss, rtol=1e-5)
     assert_gradients_alike(grads, expected_grads, most_apart=2e-4)
     expected_loss, expected_grads, _ = training_step(tmp / "rfdetr-bf16", [], autocast=True)
@@ -101,34 +104,34 @@ def test_in_tritons_interpreter_a_nano_training_step_gives_rfdetrs_loss_and_grad
     )
 
 
-def check_compiled_layer(tmp_path: str) -> None:
-    """A full-attention backbone layer compiled whole (`fullgraph=True`: no graph breaks) with the speedup, against
-    rfdetr's eager layer: output and gradients within float32 rounding, and norm2 not run as a module."""
+def check_compiled_encoder(tmp_path: str) -> None:
+    """The backbone's encoder compiled whole (`fullgraph=True`: no graph breaks) with the speedup, against rfdetr's
+    eager encoder: every hidden state it returns and the gradients within float32 rounding."""
     module, _, _ = nano_and_batch(tmp_path)
-    layer = module.model.backbone[0].encoder.encoder.encoder.layer[3].train()
+    encoder = module.model.backbone[0].encoder.encoder.encoder.train()
+    # 2 images of 2 x 2 windows of 4 patches and the class token, as at 64 px
     x = torch.randn(8, 5, 384, generator=torch.Generator().manual_seed(2), requires_grad=True)
-    norms = []
-    layer.norm2.register_forward_hook(lambda *_: norms.append(1))
+    weights = [encoder.layer[0].norm1.weight, encoder.layer[5].norm2.weight, encoder.layer[11].layer_scale2.lambda1]
 
     def run(forward):
         x.grad = None
-        layer.zero_grad()
-        out = forward(x, False, True)[0]
-        out.square().sum().backward()
-        return [out.detach(), x.grad, layer.norm2.weight.grad, layer.layer_scale1.lambda1.grad]
+        encoder.zero_grad()
+        states = forward(x, output_hidden_states=True).hidden_states
+        sum(state.square().sum() for state in states).backward()
+        return [*(state.detach() for state in states), x.grad, *(weight.grad for weight in weights)]
 
-    expected = run(layer.forward)
-    assert len(norms) == 1
+    expected = run(encoder.forward)
     with applied(select_speedups(SPEEDUP, "1.11.2", device_kind="cpu")):
-        found = run(torch.compile(layer.forward, fullgraph=True))
-    assert len(norms) == 1
+        found = run(torch.compile(encoder.forward, fullgraph=True))
+    assert len(found) == len(expected) == 13 + 4  # the input and each layer's output, then the gradients
     for mine, reference in zip(found, expected, strict=True):
         assert (mine - reference).abs().max() <= 1e-5 * reference.abs().max()
 
 
-def test_in_tritons_interpreter_the_compiled_layer_gives_rfdetrs(tmp_path):
+def test_in_tritons_interpreter_the_compiled_encoder_gives_rfdetrs(tmp_path):
     in_the_interpreter(
-        f"from tests.test_backbone_norm_backward import check_compiled_layer; check_compiled_layer({str(tmp_path)!r})"
+        "from tests.test_backbone_norm_backward import check_compiled_encoder; "
+        f"check_compiled_encoder({str(tmp_path)!r})"
     )
 
 
@@ -136,7 +139,7 @@ def test_without_the_kernel_evaluation_and_the_cpu_keep_rfdetrs_layer(tmp_path):
     """Without Triton's interpreter a CPU step takes rfdetr's path; so does evaluation."""
     assert os.environ.get("TRITON_INTERPRET") != "1"
     _, _, norms = training_step(tmp_path, SPEEDUP)
-    assert norms == 12
+    assert norms == {"norm1": 12, "norm2": 12}
     module, images, _ = nano_and_batch(tmp_path)
     outputs = []
     for speedups in ([], SPEEDUP):
@@ -149,6 +152,6 @@ def test_without_the_kernel_evaluation_and_the_cpu_keep_rfdetrs_layer(tmp_path):
 def test_on_the_gpu_the_step_gives_rfdetrs(tmp_path):
     expected_loss, expected_grads, _ = training_step(tmp_path / "rfdetr", [], autocast=True, device="cuda")
     loss, grads, norms = training_step(tmp_path / "lean", SPEEDUP, autocast=True, device="cuda")
-    assert norms == 0
+    assert norms == {"norm1": 1}
     assert torch.allclose(loss, expected_loss, rtol=2e-2)
     assert_gradients_alike(grads, expected_grads, least_cosine=0.999)

@@ -221,10 +221,16 @@ SPEEDUPS: tuple[Speedup, ...] = (
     ),
     _patch(
         "backbone_norm_backward_in_one_pass",
-        (f"{BACKBONE_LAYER}.forward",),
-        "in training each backbone layer's first residual sum and the LayerNorm after it go backward in one Triton "
+        (f"{BACKBONE}:WindowedDinov2WithRegistersEncoder.forward",),
+        "in training each residual sum of the backbone that a LayerNorm follows goes backward with it in one Triton "
         "kernel that also sums their parameters' gradients",
-        reads=(f"{BACKBONE_LAYER}.__init__", f"{BACKBONE}:Dinov2WithRegistersLayerScale.__init__"),
+        # the encoder's loop runs the layers' steps as rfdetr's layer does
+        reads=(
+            f"{BACKBONE_LAYER}.forward",
+            f"{BACKBONE_LAYER}.__init__",
+            f"{BACKBONE}:Dinov2WithRegistersLayerScale.__init__",
+            f"{BACKBONE}:WindowedDinov2WithRegistersEncoder.__init__",
+        ),
         needs=("triton",),
         gpu_only=True,  # its kernel runs on CUDA only (the tests run it in Triton's interpreter)
         only_when_named="its gain on a GPU is not yet measured",

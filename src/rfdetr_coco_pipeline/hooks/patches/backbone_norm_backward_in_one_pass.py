@@ -1,22 +1,26 @@
-"""In training, each backbone layer's first residual sum and the LayerNorm after it go backward in one Triton
-kernel, which also sums the layer scale's and the norm's parameter gradients.
+"""In training, every residual sum of the backbone that a LayerNorm follows goes backward, with that norm, in one
+Triton kernel, which also sums the layer scale's and the norm's parameter gradients.
 
-Each of the backbone's 12 layers computes h = x + scale * a (the residual stream x, the attention's output a, the
-layer scale's `lambda1`) and z = LayerNorm(h) (`norm2`), whose output feeds the feed-forward block. Backward, Inductor
-computes the gradients of x and a row by row in one kernel, then reads the gradients and the activations again in
-separate column reductions for the gradients of the scale and of the norm's weight and bias: three passes over
-(batch x windows x tokens) rows of 384 floats, where one suffices.
+Each of the backbone's 12 layers adds a scaled branch to the residual stream twice: h = x + scale1 * attention,
+then norm2(h) feeds the feed-forward block; and out = h + scale2 * feed-forward, then the next layer's norm1(out)
+feeds its attention. Backward, Inductor computes the gradients of the stream and the branch row by row in one
+kernel, then reads the gradients and the activations again in separate column reductions for the gradients of the
+scale and of the norm's weight and bias: three passes over (batch x windows x tokens) rows of 384 floats, where one
+suffices.
 
-Here the forward is torch's own (`torch.native_layer_norm`, which Inductor fuses as before) inside an autograd
-function whose backward is `rfdetr_pipeline::residual_norm_backward`, a custom operator (so `torch.compile` keeps
-it in the compiled graph and CUDA graphs can record it) that runs `residual_norm_kernels` once over the rows. The
-layer's other steps are rfdetr's as written. Under autocast z comes out in the autocast dtype, which rfdetr's first
-feed-forward product casts it to anyway, so its gradient arrives in that dtype without a float32 copy.
+Here each such pair, y = x + scale * a and z = LayerNorm(y), is `residual_norm`: torch's own forward
+(`torch.native_layer_norm`, which Inductor fuses as before) inside an autograd function whose backward is
+`rfdetr_pipeline::residual_norm_backward`, a custom operator (so `torch.compile` keeps it in the compiled graph and
+CUDA graphs can record it) that runs `residual_norm_kernels` once over the rows. The encoder's loop is rfdetr's,
+with each layer's output sum carried into the next layer's norm1 (the first layer's norm1 and the last layer's sum
+stay plain); the layers' attention and feed-forward blocks are rfdetr's modules. Under autocast z comes out in the
+autocast dtype, which the next products cast it to anyway, so its gradient arrives in that dtype without a float32
+copy.
 
-Guarantees: h, z and every gradient are rfdetr's up to floating-point rounding (the same sums in another order).
-It applies in training, to a plain layer (no drop path, a LayerNorm with weight and bias, rows of at most 1,024),
-on CUDA tensors, or on the CPU under Triton's interpreter (`TRITON_INTERPRET=1`, the tests); any other call is
-rfdetr's. It needs Triton (the registry's `needs`).
+Guarantees: the hidden states and every gradient are rfdetr's up to floating-point rounding (the same sums in
+another order). It applies in training, to plain layers (no drop path, LayerNorms with weight and bias, rows of at
+most 1,024, no gradient checkpointing, no attention maps asked for), on CUDA tensors, or on the CPU under Triton's
+interpreter (`TRITON_INTERPRET=1`, the tests); any other call is rfdetr's. It needs Triton (the registry's `needs`).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from torch import Tensor, nn
 
 from rfdetr_coco_pipeline.hooks.patching import patch_rfdetr
 
-LAYER = "rfdetr.models.backbone.dinov2_with_windowed_attn:WindowedDinov2WithRegistersLayer"
+ENCODER = "rfdetr.models.backbone.dinov2_with_windowed_attn:WindowedDinov2WithRegistersEncoder"
 TILE = 8  # rows a program holds at once: 8 x 512 floats a tensor, 16 a thread of its 8 warps
 WARPS = 8
 PROGRAMS = 1024  # programs at most: each writes one row of partial column sums
@@ -140,47 +144,94 @@ def _kernels_run_on(tensor: Tensor) -> bool:
     return tensor.is_cuda or (tensor.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1")
 
 
-def _plain(layer: Any, x: Tensor) -> bool:
-    norm = layer.norm2
+def _plain_norm(norm: nn.Module, x: Tensor) -> bool:
     return (
-        type(layer.drop_path) is nn.Identity
-        and type(norm) is nn.LayerNorm
+        type(norm) is nn.LayerNorm
         and norm.weight is not None
         and norm.bias is not None
         and norm.normalized_shape == (x.shape[-1],)
-        and x.shape[-1] <= 1024
-        and x.dtype == torch.float32
     )
 
 
-def layer_with_one_pass_backward(original: Callable[..., Any]) -> Callable[..., Any]:
-    """rfdetr's `WindowedDinov2WithRegistersLayer.forward` with its first residual sum and `norm2` through
-    `residual_norm` in training; otherwise `original`."""
+def _plain(encoder: Any, x: Tensor) -> bool:
+    return (
+        not encoder.gradient_checkpointing
+        and x.dim() == 3
+        and x.shape[-1] <= 1024
+        and x.dtype == torch.float32
+        and all(
+            type(layer.drop_path) is nn.Identity and _plain_norm(layer.norm1, x) and _plain_norm(layer.norm2, x)
+            for layer in encoder.layer
+        )
+    )
+
+
+def layer_parts(layer: Any, x: Tensor, normed: Tensor, full_attention: bool) -> tuple[Tensor, Tensor]:
+    """rfdetr's layer on input `x` whose `norm1` is `normed`, up to its last residual sum: h = x + scale1 *
+    attention and the feed-forward block's output (the layer's output is h + scale2 * that)."""
+    windows, tokens, channels = x.shape
+    squared = layer.num_windows**2
+    if full_attention:  # rfdetr's: the windows of an image as one sequence, and back
+        normed = normed.view(windows // squared, squared * tokens, channels)
+    attention_output = layer.attention(normed, output_attentions=False)[0]
+    if full_attention:
+        attention_output = attention_output.view(windows, tokens, channels)
+    h, z = residual_norm(x, attention_output, layer.layer_scale1.lambda1, layer.norm2)
+    return h, layer.mlp(z)
+
+
+def encoder_with_one_pass_backward(original: Callable[..., Any]) -> Callable[..., Any]:
+    """rfdetr's `WindowedDinov2WithRegistersEncoder.forward` in training with every residual sum that a LayerNorm
+    follows through `residual_norm`: each layer's first (into its norm2) and each layer's last (into the next
+    layer's norm1); otherwise `original`."""
 
     def forward(
-        self: Any, hidden_states: Tensor, output_attentions: bool = False, run_full_attention: bool = False
+        self: Any,
+        hidden_states: Tensor,
+        output_attentions: bool = False,
+        output_hidden_states: bool = False,
+        return_dict: bool = True,
     ) -> Any:
-        if not (self.training and not output_attentions and _kernels_run_on(hidden_states)):
-            return original(self, hidden_states, output_attentions, run_full_attention)
-        if not _plain(self, hidden_states):
-            return original(self, hidden_states, output_attentions, run_full_attention)
-        shortcut = hidden_states
-        windows, tokens, channels = hidden_states.shape
-        squared = self.num_windows**2
-        if run_full_attention:  # rfdetr's: the windows of an image as one sequence, and back
-            hidden_states = hidden_states.view(windows // squared, squared * tokens, channels)
-        attention_outputs = self.attention(self.norm1(hidden_states), output_attentions=False)
-        attention_output = attention_outputs[0]
-        if run_full_attention:
-            attention_output = attention_output.view(windows, tokens, channels)
-        h, z = residual_norm(shortcut, attention_output, self.layer_scale1.lambda1, self.norm2)
-        layer_output = self.layer_scale2(self.mlp(z))
-        return (self.drop_path(layer_output) + h, *attention_outputs[1:])
+        lean = self.training and not output_attentions and _kernels_run_on(hidden_states)
+        if not (lean and _plain(self, hidden_states)):
+            return original(self, hidden_states, output_attentions, output_hidden_states, return_dict)
+        from transformers.modeling_outputs import BaseModelOutput
+
+        all_hidden_states: tuple[Tensor, ...] | None = () if output_hidden_states else None
+        last_feature = self.config.out_features[-1]
+        early_stop_layer = int(last_feature[5:]) if last_feature.startswith("stage") else None
+        # the previous layer's h, feed-forward output and second scale: this layer's input is h + scale * output
+        pending: tuple[Tensor, Tensor, Tensor] | None = None
+        for i, layer in enumerate(self.layer):
+            stops = early_stop_layer is not None and i > early_stop_layer
+            if pending is None:
+                normed = layer.norm1(hidden_states)
+            elif stops:
+                h, output, scale = pending
+                hidden_states = output * scale + h
+            else:
+                hidden_states, normed = residual_norm(pending[0], pending[1], pending[2], layer.norm1)
+            if all_hidden_states is not None:
+                all_hidden_states = all_hidden_states + (hidden_states,)
+            if stops:  # rfdetr's early stop after the last layer an output feature needs
+                pending = None
+                break
+            full_attention = i not in self.config.window_block_indexes
+            h, output = layer_parts(layer, hidden_states, normed, full_attention)
+            pending = (h, output, layer.layer_scale2.lambda1)
+        if pending is not None:
+            h, output, scale = pending
+            hidden_states = output * scale + h
+        if all_hidden_states is not None:
+            all_hidden_states = all_hidden_states + (hidden_states,)
+        if not return_dict:
+            return tuple(v for v in (hidden_states, all_hidden_states) if v is not None)
+        return BaseModelOutput(last_hidden_state=hidden_states, hidden_states=all_hidden_states, attentions=None)
 
     return forward
 
 
 def backbone_norm_backward_in_one_pass() -> AbstractContextManager[None]:
-    """Within this block rfdetr's backbone layers in training take their first residual sum and `norm2` backward
-    in one kernel (see the module's text)."""
-    return patch_rfdetr(LAYER, "forward", layer_with_one_pass_backward)
+    """Within this block rfdetr's backbone in training takes each residual sum that a LayerNorm follows backward in
+    one kernel (see the module's text)."""
+    return patch_rfdetr(ENCODER, "forward", encoder_with_one_pass_backward)
