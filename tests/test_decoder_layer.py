@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from rfdetr_coco_pipeline.hooks import applied, select_speedups
-from tests.helpers.rfdetr_steps import nano_and_batch
+from tests.helpers.rfdetr_steps import nano_and_batch, nano_training_step
 
 LEAN = ("decoder_attention_on_views", "decoder_relu_in_the_product")
 
@@ -25,15 +25,9 @@ def training_step(tmp_path, speedups: tuple[str, ...], autocast: bool = False, d
     """The loss and every parameter's gradient of one training step of rfdetr's Nano with `speedups` in place, and
     how often each decoder layer's self-attention and first FFN product ran as modules."""
     module, images, targets = nano_and_batch(tmp_path, device)
-    model = module.model.train()
-    calls = module_calls(model)
-    with applied(select_speedups(list(speedups), "1.11.2", device_kind="cpu")):
-        with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):
-            losses = module.criterion(model(images, targets), targets)
-            loss = sum(losses[k] * module.criterion.weight_dict[k] for k in losses if k in module.criterion.weight_dict)
-        loss.backward()
-    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
-    return loss.detach(), grads, calls
+    calls = module_calls(module.model)
+    _, loss, grads = nano_training_step(module, images, targets, list(speedups), autocast, device)
+    return loss, grads, calls
 
 
 @pytest.fixture(scope="module")

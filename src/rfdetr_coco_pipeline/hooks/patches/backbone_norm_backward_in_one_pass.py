@@ -129,10 +129,9 @@ class ResidualNorm(torch.autograd.Function):
         return h, z.to(out_dtype)
 
     @staticmethod
-    def backward(ctx: Any, grad_h: Tensor | None, grad_z: Tensor | None):  # noqa: ANN205
+    def backward(ctx: Any, grad_h: Tensor, grad_z: Tensor):  # noqa: ANN205
+        # autograd hands zeros for an output that got no gradient (materialize_grads, its default)
         h, a, mean, rstd, scale, weight = ctx.saved_tensors
-        grad_h = torch.zeros_like(h) if grad_h is None else grad_h
-        grad_z = torch.zeros_like(h) if grad_z is None else grad_z
         grad_x, grad_a, grad_scale, grad_weight, grad_bias = residual_norm_backward(
             grad_z, grad_h, h, a, mean, rstd, scale, weight
         )
