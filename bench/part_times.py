@@ -208,7 +208,13 @@ def measure(
         loss.backward()
         optimizer.step()
 
-    return table(rows, time_of(whole_step), resolution, batch, device, compile_parts) | extra
+    whole = time_of(whole_step)
+    if kernels and time_of.kernels:
+        top_kernels[WHOLE] = [
+            {"kernel": name[:120], "ms": round(ms, 3)} for name, ms in time_of.kernels.most_common(kernels)
+        ]
+        extra["kernels"] = top_kernels
+    return table(rows, whole, resolution, batch, device, compile_parts) | extra
 
 
 def table(

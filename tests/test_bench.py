@@ -4,6 +4,7 @@ compared image for image when the batch differs."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -929,3 +930,30 @@ def test_the_written_out_attention_gives_sdpas_values_and_gradients_and_is_timed
     assert record["max_abs_difference_to_math"] < 2e-2
     refused = time_backend(SDPBackend.CUDNN_ATTENTION, shape, repeats=2, device="cpu")
     assert set(refused) == {"error"} and "backend" in refused["error"]
+
+
+def test_the_norm_kernel_configurations_are_each_timed_and_give_the_shipped_ones_gradients(tmp_path):
+    pytest.importorskip("triton", reason="Triton comes with torch's Linux wheels; without it the kernel never runs")
+    from rfdetr_coco_pipeline.hooks.patches import backbone_norm_backward_in_one_pass as lever
+
+    out = tmp_path / "configurations.json"
+    # 37 rows of 24 channels: tiles of 1 and 4 rows, the last tile of 4 partly empty, the row masked in a block of 32
+    command = [sys.executable, "-m", "bench.norm_kernel_configs", "--rows", "37", "--channels", "24"]
+    command += ["--tiles", "1,4", "--warps", "2,4", "--per-multiprocessor", "1", "--out", str(out)]
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
+    printed = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, check=True).stdout
+    record = json.loads(out.read_text())
+    configurations = record["configurations"]
+    assert sorted((c["tile"], c["warps"]) for c in configurations) == [(1, 2), (1, 4), (4, 2), (4, 4)]
+    assert all(c["us"] > 0 for c in configurations)
+    for c in configurations:
+        assert c["gb_per_s"] == pytest.approx(record["bytes_moved"] / c["us"] / 1e3, abs=0.05)
+    assert record["bytes_moved"] == 37 * 24 * (2 + 4 + 4 + 2 + 4 + 2)  # read grad_z, grad_h, h, a; write grad_x, grad_a
+    # other sums of the same terms: float32 gradients agree to rounding, a bf16 one at most one bf16 step apart
+    assert all(c["apart"] < 2**-7 for c in configurations)
+    assert record["shipped"] == {
+        "tile": lever.TILE,
+        "warps": lever.WARPS,
+        "programs_per_multiprocessor": lever.PROGRAMS_PER_MULTIPROCESSOR,
+    }
+    assert printed.count(" us ") == 4

@@ -191,7 +191,7 @@ def test_on_the_cpu_auto_leaves_the_gpu_only_speedups_off_and_all_applies_them()
 
 
 def test_a_speedup_only_when_named_applies_only_where_a_list_names_it_and_auto_and_all_say_why():
-    # resize_in_torch: its values are not rfdetr's; the two others: their gain is not yet measured
+    # resize_in_torch: its values are not rfdetr's; the two others: their train stage is not yet measured
     only_when_named = ["resize_in_torch", "patch_embedding_as_product", "backbone_norm_backward_in_one_pass"]
     assert [speedup.name for speedup in SPEEDUPS if speedup.only_when_named] == only_when_named
     assert set(NAMES) - set(BY_DEFAULT) == set(only_when_named)
@@ -203,7 +203,8 @@ def test_a_speedup_only_when_named_applies_only_where_a_list_names_it_and_auto_a
             "pixels differ by up to 2 levels of 255): applies only where train.speedups names it" in selection.report()
         )
         assert (
-            "Speedup left off: patch_embedding_as_product: its gain on a GPU is not yet measured: applies only where "
+            "Speedup left off: patch_embedding_as_product: its train-stage gain and its losses over epochs are not yet "
+            "measured: applies only where "
             "train.speedups names it" in selection.report()
         )
     named = select_speedups(["images_as_bytes", "resize_in_torch"], CHECKED_RFDETR, missing=())
@@ -214,7 +215,9 @@ def test_a_speedup_only_when_named_applies_only_where_a_list_names_it_and_auto_a
     with pytest.raises(SpeedupError, match=r"asks for every speedup, resize_in_torch, .* rfdetr 1\.12\.0"):
         select_speedups(["all", "resize_in_torch"], "1.12.0")
     assert "**Only when named:** not rfdetr's values (torch's resize rounds differently" in markdown_table()
-    assert "**Only when named:** its gain on a GPU is not yet measured" in markdown_table()
+    assert (
+        "**Only when named:** its train-stage gain and its losses over epochs are not yet measured" in markdown_table()
+    )
 
 
 def test_none_applies_nothing_and_unknown_names_are_refused():

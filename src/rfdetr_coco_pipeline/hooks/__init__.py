@@ -217,7 +217,7 @@ SPEEDUPS: tuple[Speedup, ...] = (
         (f"{PATCH_EMBEDDINGS}.forward",),
         "in training the backbone embeds the images' 16 x 16 patches with one matrix product, not a convolution",
         reads=(f"{PATCH_EMBEDDINGS}.__init__",),
-        only_when_named="its gain on a GPU is not yet measured",
+        only_when_named="its train-stage gain and its losses over epochs are not yet measured",
     ),
     _patch(
         "backbone_norm_backward_in_one_pass",
@@ -233,7 +233,7 @@ SPEEDUPS: tuple[Speedup, ...] = (
         ),
         needs=("triton",),
         gpu_only=True,  # its kernel runs on CUDA only (the tests run it in Triton's interpreter)
-        only_when_named="its gain on a GPU is not yet measured",
+        only_when_named="its train-stage gain and its losses over epochs are not yet measured",
     ),
     _patch(
         "decoder_attention_on_views",

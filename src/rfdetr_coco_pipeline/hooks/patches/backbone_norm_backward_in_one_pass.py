@@ -36,10 +36,11 @@ from torch import Tensor, nn
 from rfdetr_coco_pipeline.hooks.patching import patch_rfdetr
 
 ENCODER = "rfdetr.models.backbone.dinov2_with_windowed_attn:WindowedDinov2WithRegistersEncoder"
-TILE = 2  # rows a program holds at once
-# with TILE, ptxas gives the kernel 80 registers a thread on sm_90 and no spills: six programs fit a multiprocessor
-WARPS = 4
-PROGRAMS_PER_MULTIPROCESSOR = 6
+# One row at a time on two warps, eight programs a multiprocessor: of the tiles (1-16 rows), warps (2-8) and
+# programs (1-8 a multiprocessor) tried on an H100 (bench.norm_kernel_configs), the fastest whose outputs match.
+TILE = 1  # rows a program holds at once
+WARPS = 2
+PROGRAMS_PER_MULTIPROCESSOR = 8
 PROGRAMS = 1024  # where no GPU says how many fit (Triton's interpreter): each writes one row of partial sums
 
 
