@@ -169,6 +169,10 @@ def unpack(archive: Path, target: Path, folder: str, workers: int) -> dict[str, 
     total_bytes = sum(info.file_size for info in files)
     shutil.rmtree(scratch, ignore_errors=True)  # an extraction cut short: this workflow's own scratch
     scratch.mkdir(parents=True)
+    # zipfile makes a member's folder when it finds it missing: two workers finding it missing at once both make it,
+    # and one fails (FileExistsError). Every folder made here first, before any worker starts, leaves none to make.
+    for parent in sorted({PurePosixPath(info.filename).parent for info in files}):
+        (scratch / parent).mkdir(parents=True, exist_ok=True)
     log.info("Extracting %d files (%s) from %s with %d workers", len(files), size(total_bytes), archive, workers)
     try:
         with (
