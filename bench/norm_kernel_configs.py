@@ -12,8 +12,9 @@ the norm's output gradient in bf16) with the lever's TILE, WARPS and PROGRAMS_PE
 combination in turn. On the GPU each call is timed by Triton's `do_bench`; on the CPU (Triton's interpreter, with
 TRITON_INTERPRET=1) by the clock, which only shows that the tool runs. The default rows are those of 128 images at
 384 px (four windows of 12 x 12 patches and a class token each). `apart` is each configuration's largest
-difference from the shipped configuration's outputs over the five gradients, relative to that gradient's largest
-value: the configurations sum in other orders, so a bf16 output can round the other way (2^-8 of a value).
+difference from the shipped configuration's outputs over the op's three outputs (x's and a's gradients, the
+parameters'), relative to that output's largest value: the configurations sum in other orders, so a bf16 output can
+round the other way (2^-8 of a value).
 """
 
 from __future__ import annotations

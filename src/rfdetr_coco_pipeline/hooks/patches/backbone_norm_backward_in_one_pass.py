@@ -60,9 +60,11 @@ def residual_norm_backward(
     rstd: Tensor,
     scale: Tensor,
     weight: Tensor,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """The gradients of x, a, scale, weight and bias of h = x + scale * a, z = LayerNorm(h) (rows of h's last
-    dimension; mean and rstd the norm's per-row statistics), given those of z and h, in one pass over the rows."""
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The gradients of x and a, and those of scale, weight and bias as the rows of one float32 (3, channels) tensor,
+    of h = x + scale * a, z = LayerNorm(h) (rows of h's last dimension; mean and rstd the norm's per-row statistics),
+    given those of z and h, in one pass over the rows. The three parameter gradients come from one sum of the
+    programs' partial sums (a custom op's outputs may not be views of each other: the caller splits them)."""
     channels = h.shape[-1]
     rows = h.numel() // channels
     block = triton_block(channels)
@@ -90,8 +92,7 @@ def residual_norm_backward(
         BLOCK_C=block,
         num_warps=WARPS,
     )
-    grad_scale, grad_weight, grad_bias = (partial[i, :, :channels].sum(0) for i in range(3))
-    return grad_x, grad_a, grad_scale.to(scale.dtype), grad_weight.to(weight.dtype), grad_bias.to(weight.dtype)
+    return grad_x, grad_a, partial[:, :, :channels].sum(1)
 
 
 @residual_norm_backward.register_fake
@@ -99,9 +100,7 @@ def _(grad_z, grad_h, h, a, mean, rstd, scale, weight):  # noqa: ANN001, ANN202
     return (
         torch.empty_like(h, dtype=torch.float32),
         torch.empty_like(a),
-        torch.empty_like(scale),
-        torch.empty_like(weight),
-        torch.empty_like(weight),
+        h.new_empty((3, h.shape[-1]), dtype=torch.float32),
     )
 
 
@@ -133,10 +132,17 @@ class ResidualNorm(torch.autograd.Function):
     def backward(ctx: Any, grad_h: Tensor, grad_z: Tensor):  # noqa: ANN205
         # autograd hands zeros for an output that got no gradient (materialize_grads, its default)
         h, a, mean, rstd, scale, weight = ctx.saved_tensors
-        grad_x, grad_a, grad_scale, grad_weight, grad_bias = residual_norm_backward(
-            grad_z, grad_h, h, a, mean, rstd, scale, weight
+        grad_x, grad_a, grad_params = residual_norm_backward(grad_z, grad_h, h, a, mean, rstd, scale, weight)
+        grad_scale, grad_weight, grad_bias = grad_params.unbind(0)
+        return (
+            grad_x,
+            grad_a,
+            grad_scale.to(scale.dtype),
+            grad_weight.to(weight.dtype),
+            grad_bias.to(weight.dtype),
+            None,
+            None,
         )
-        return grad_x, grad_a, grad_scale, grad_weight, grad_bias, None, None
 
 
 def residual_norm(x: Tensor, a: Tensor, scale: Tensor, norm: nn.LayerNorm) -> tuple[Tensor, Tensor]:
