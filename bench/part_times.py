@@ -186,14 +186,17 @@ def measure(
     optimizer = torch.optim.AdamW(params, lr=1e-4, weight_decay=1e-4, fused=device.type == "cuda")
     if re.search(only, OPTIMIZER):
         timed([OPTIMIZER], optimizer.step)
-    top_kernels = {
-        label: [{"kernel": name[:120], "ms": round(ms, 3)} for name, ms in counter.most_common(kernels)]
-        for label, counter in row_kernels.items()
-        if kernels and counter
-    }
-    extra = ({"kernels": top_kernels} if top_kernels else {}) | extra_rows
+
+    def with_kernels(record: dict[str, Any]) -> dict[str, Any]:
+        top = {
+            label: [{"kernel": name[:120], "ms": round(ms, 3)} for name, ms in counter.most_common(kernels)]
+            for label, counter in row_kernels.items()
+            if kernels and counter
+        }
+        return record | ({"kernels": top} if top else {}) | extra_rows
+
     if not re.search(only, WHOLE):
-        return table(rows, None, resolution, batch, device, compile_parts) | extra
+        return with_kernels(table(rows, None, resolution, batch, device, compile_parts))
     # the recorded inputs hold the recording step's autograd graph, and with it every activation: freed before the
     # whole step, which needs the memory of a step of its own
     del calls, outputs
@@ -209,12 +212,8 @@ def measure(
         optimizer.step()
 
     whole = time_of(whole_step)
-    if kernels and time_of.kernels:
-        top_kernels[WHOLE] = [
-            {"kernel": name[:120], "ms": round(ms, 3)} for name, ms in time_of.kernels.most_common(kernels)
-        ]
-        extra["kernels"] = top_kernels
-    return table(rows, whole, resolution, batch, device, compile_parts) | extra
+    row_kernels[WHOLE].update(time_of.kernels)
+    return with_kernels(table(rows, whole, resolution, batch, device, compile_parts))
 
 
 def table(

@@ -71,7 +71,7 @@ def test_the_h200_row_as_a_user_gets_it_captures_and_replays_cuda_graphs(workdir
         assert torch.cuda.get_device_name(0) in run["device"]
         if on_h200:
             assert "matches 'H200'" in run["profile_reason"]
-        # auto applies every speedup that keeps rfdetr's values; only those that do not are left off
+        # auto applies every speedup of BY_DEFAULT; only those that apply only when named are left off
         assert "static_cuda_graphs" in run["speedups"]
         assert set(run["speedups_left_off"]) == set(NAMES) - set(BY_DEFAULT)
         log = (workdir / "results" / "logs" / "train" / f"{block}.log").read_text()

@@ -70,41 +70,45 @@ def nano_training_step(module, images, targets, speedups: list[str], autocast: b
     return outputs, loss.detach(), grads
 
 
+def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    return torch.nn.functional.cosine_similarity(a.flatten().float(), b.flatten().float(), dim=0).item()
+
+
+def with_direction(expected_grads: dict) -> list[str]:
+    """The gradients that are not zero but for rounding (at least 1e-4 of the largest norm): the backbone's key
+    biases (softmax ignores a shift every key shares) and box heads behind a last layer that starts at zero have no
+    direction to compare."""
+    largest = max(grad.norm() for grad in expected_grads.values())
+    return [name for name, grad in expected_grads.items() if grad.norm() >= 1e-4 * largest]
+
+
 def assert_gradients_alike(grads: dict, expected_grads: dict, most_apart: float = 0.0, least_cosine: float = 1.0):
     """Each of `grads` is within `most_apart` of its `expected_grads` one, relative to that one's norm (0: not
     checked), and points its way (cosine at least `least_cosine`; 1: not checked). A gradient that is zero but for
-    rounding (the backbone's key biases: softmax ignores a shift every key shares; box heads behind a last layer that
-    starts at zero) has no direction: below 1e-4 of the largest norm both must be. Most must be compared."""
+    rounding (`with_direction`) must be so in both. Most must be compared."""
     assert grads.keys() == expected_grads.keys()
     largest = max(grad.norm() for grad in expected_grads.values())
-    compared = 0
+    compared = with_direction(expected_grads)
     for name, grad in grads.items():
         expected = expected_grads[name]
         assert grad.dtype == expected.dtype, name
-        if expected.norm() < 1e-4 * largest:
+        if name not in compared:
             assert grad.norm() < 1e-4 * largest, name
             continue
         if most_apart:
             assert (grad - expected).norm() <= most_apart * expected.norm(), name
         if least_cosine < 1.0:
-            cosine = torch.nn.functional.cosine_similarity(grad.flatten(), expected.flatten(), dim=0)
-            assert cosine > least_cosine, name
-        compared += 1
-    assert compared > 0.8 * len(grads)  # most gradients compared, not skipped
+            assert cosine(grad, expected) > least_cosine, name
+    assert len(compared) > 0.8 * len(grads)  # most gradients compared, not skipped
 
 
 def assert_no_further_from_exact(grads: dict, bf16_grads: dict, exact_grads: dict, by: float = 0.005):
     """Under bf16 autocast, each of `grads` points at least as close to the float32 step's (`exact_grads`) as
     rfdetr's own bf16 step's (`bf16_grads`) does, less `by` in cosine: bf16 rounding alone turns some gradients of a
     fresh model by several degrees, so a fixed cosine against rfdetr's bf16 step cannot tell a lever's rounding from
-    a fault. Gradients that are zero but for rounding are skipped as in `assert_gradients_alike`."""
+    a fault. Gradients that are zero but for rounding (`with_direction`) are not compared."""
     assert grads.keys() == bf16_grads.keys() == exact_grads.keys()
-    largest = max(grad.norm() for grad in exact_grads.values())
-
-    def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
-        return torch.nn.functional.cosine_similarity(a.flatten().float(), b.flatten().float(), dim=0).item()
-
-    compared = [name for name, exact in exact_grads.items() if exact.norm() >= 1e-4 * largest]
+    compared = with_direction(exact_grads)
     for name in compared:
         assert cosine(grads[name], exact_grads[name]) >= cosine(bf16_grads[name], exact_grads[name]) - by, name
     assert len(compared) > 0.8 * len(grads)

@@ -60,7 +60,7 @@ class Speedup:
     `gpu_only` marks one that gains nothing when training runs on the CPU. Each has a test that shows it gives
     rfdetr's values (the tests' `SPEEDUP_TESTS` names it), or, for one whose values are not rfdetr's, how far they
     move. `only_when_named` says why `auto` and `all` leave one off, which then applies only where train.speedups
-    names it: its values are not rfdetr's, or its gain on a GPU is not yet measured."""
+    names it: its values are not rfdetr's, or its gain in the train stage is not yet measured."""
 
     name: str
     kind: Literal["patch", "callback"]
