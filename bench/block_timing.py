@@ -50,35 +50,45 @@ def detached(value: Any) -> Any:
 
 class Timer:
     """Runs a piece of work repeatedly and returns its milliseconds per run: GPU-busy time on CUDA, wall time on the
-    CPU. On CUDA, `kernels` holds the last work's milliseconds per run of each kernel name."""
+    CPU. On CUDA, `kernels` holds the last work's milliseconds per run of each kernel name. With `trace` set, the
+    next timed runs are also written there as torch.profiler's trace (gzipped; `bench.trace_ops` reads it)."""
 
     def __init__(self, device: torch.device, repeats: int, warmup: int) -> None:
         self.device, self.repeats, self.warmup = device, repeats, warmup
         self.kernels: Counter[str] = Counter()
+        self.trace: Path | None = None
 
     def __call__(self, work: Callable[[], None]) -> float:
         for _ in range(self.warmup):
             work()
-        if self.device.type != "cuda":
-            times = []
-            for _ in range(self.repeats):
-                start = time.perf_counter()
-                work()
-                times.append(time.perf_counter() - start)
-            return 1e3 * statistics.median(times)
         from torch.autograd import DeviceType
         from torch.profiler import ProfilerActivity, profile
 
+        if self.device.type != "cuda":
+            times = []
+            with profile(activities=[ProfilerActivity.CPU]) if self.trace else nullcontext() as profiler:
+                for _ in range(self.repeats):
+                    start = time.perf_counter()
+                    work()
+                    times.append(time.perf_counter() - start)
+            self._write_trace(profiler)
+            return 1e3 * statistics.median(times)
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as profiler:
             for _ in range(self.repeats):
                 work()
             torch.cuda.synchronize()
+        self._write_trace(profiler)
         events = [e for e in profiler.profiler.kineto_results.events() if e.device_type() == DeviceType.CUDA]
         self.kernels = Counter()
         for event in events:
             self.kernels[event.name()] += event.duration_ns() / 1e6 / self.repeats
         return 1e3 * union_seconds([(e.start_ns(), e.start_ns() + e.duration_ns()) for e in events]) / self.repeats
+
+    def _write_trace(self, profiler: Any) -> None:
+        if self.trace is not None:
+            profiler.export_chrome_trace(str(self.trace))  # a name ending .gz is written gzipped
+            self.trace = None
 
 
 def forward_and_backward(

@@ -2,7 +2,8 @@
 inputs it gets in a real step, next to the whole step.
 
 usage: python -m bench.part_times [--resolution 384] [--batch 128] [--repeats 10] [--warmup 3] [--no-compile]
-           [--speedups auto|none|all|NAME,...] [--only REGEX] [--kernels N] [--out FILE.json]
+           [--speedups auto|none|all|NAME,...] [--only REGEX] [--kernels N] [--trace FILE.trace.json.gz]
+           [--out FILE.json]
 
 Builds rfdetr's Nano training module (as bench.flops does: random weights, 13 decoder groups) with the registry's
 patches that `--speedups` selects in place, runs one step on synthetic images and boxes and keeps every input each
@@ -13,7 +14,8 @@ matching, on the step's outputs; its layer-batched losses compiled on the GPU un
 them for a model compiled for one shape) and the optimizer (torch's AdamW, fused on the GPU, over every parameter) are
 timed the same way, and the whole step (the compiled model, the loss, the backward and the optimizer) last.
 `--only` times only the rows whose label it finds ("loss" for the loss alone); `--kernels N` lists each row's N
-kernels with the most GPU time (on the GPU).
+kernels with the most GPU time (on the GPU); `--trace` writes the whole step's timed runs as torch.profiler's trace,
+whose kernels `python -m bench.trace_ops FILE --steps <repeats>` traces to the operations that launched them.
 
 On the GPU each figure is GPU-busy milliseconds (the union of the kernels' intervals under torch.profiler, per
 step), so host launch gaps that the workflow's CUDA graphs remove are not counted; on the CPU it is wall time.
@@ -136,10 +138,11 @@ def measure(
     compile_parts: bool,
     only: str = ".*",
     kernels: int = 0,
+    trace: Path | None = None,
 ) -> dict[str, Any]:
     """The table: milliseconds per step of each part, the loss, the optimizer and the whole step; with `only`, the
     rows whose label it matches (a regular expression). With `kernels` (on CUDA), also each row's `kernels` kernels
-    with the most GPU time."""
+    with the most GPU time. With `trace`, the whole step's timed runs are written there as a profiler trace."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     module = training_module(resolution, batch).to(device)
     model, criterion = module.model, module.criterion
@@ -211,6 +214,7 @@ def measure(
         loss.backward()
         optimizer.step()
 
+    time_of.trace = trace
     whole = time_of(whole_step)
     row_kernels[WHOLE].update(time_of.kernels)
     return with_kernels(table(rows, whole, resolution, batch, device, compile_parts))
@@ -278,13 +282,21 @@ def main() -> None:
     parser.add_argument("--speedups", type=speedups_setting, default="auto", help="the registry's, as train.speedups")
     parser.add_argument("--only", default=".*", help="time only the rows whose label this regular expression finds")
     parser.add_argument("--kernels", type=int, default=0, help="on the GPU: each row's N costliest kernels too")
+    parser.add_argument("--trace", type=Path, help="the whole step's profiler trace, to write (.json.gz)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     device_kind = "cuda" if torch.cuda.is_available() else "cpu"
     selection = select_speedups(args.speedups, package_version("rfdetr"), device_kind=device_kind)
     with applied(selection, SimpleNamespace(loader_niceness=0)):
         result = measure(
-            args.resolution, args.batch, args.repeats, args.warmup, not args.no_compile, args.only, args.kernels
+            args.resolution,
+            args.batch,
+            args.repeats,
+            args.warmup,
+            not args.no_compile,
+            args.only,
+            args.kernels,
+            args.trace,
         )
     result["speedups"] = selection.names()
     print(f"{result['measure']}, {args.batch} images at {args.resolution} px on {result['device']}:")

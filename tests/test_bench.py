@@ -308,6 +308,23 @@ def test_gpu_time_is_traced_to_the_operations_that_launched_it_on_any_thread():
     ]
 
 
+def test_a_timer_writes_the_timed_runs_as_a_trace_once_when_asked(tmp_path):
+    """bench.part_times --trace: the Timer writes a trace of its timed runs (not the warm-up), readable by
+    bench.trace_ops, and only for the next piece of work."""
+    import torch
+
+    from bench.block_timing import Timer
+    from bench.trace_ops import load_events
+
+    timer = Timer(torch.device("cpu"), repeats=3, warmup=2)
+    a = torch.randn(8, 8)
+    timer.trace = tmp_path / "step.trace.json.gz"
+    timer(lambda: a @ a)
+    products = [e for e in load_events(str(tmp_path / "step.trace.json.gz")) if e.get("name") == "aten::mm"]
+    assert len(products) == 3
+    assert timer.trace is None
+
+
 def test_gpu_idle_stretches_name_what_the_host_started_meanwhile():
     from bench.trace_ops import gpu_idle_stretches
 
