@@ -1,5 +1,6 @@
-"""The decoder's feed-forward block two ways, timed side by side: rfdetr's, and one whose first matrix product adds
-the bias and applies the ReLU in cuBLASLt's epilogue.
+"""The decoder's feed-forward block three ways, timed side by side: rfdetr's, and two whose first matrix product adds
+the bias and applies the ReLU in cuBLASLt's epilogue, with the bias's gradient summed apart or from the weight's
+gradient product.
 
 usage: python -m bench.decoder_ffn [--batch 128] [--repeats 20] [--warmup 3] [--no-compile] [--out FILE.json]
 
@@ -9,9 +10,11 @@ bf16. Compiled, the first product writes it before the bias and ReLU, and a fuse
 writes it again.
 
 - `rfdetr`: the block as rfdetr's layer computes it (`rfdetr_block`).
-- `relu_epilogue`: the first product, its bias and the ReLU in one call of `torch._addmm_activation` (cuBLASLt's
-  bias-and-ReLU epilogue on CUDA; the hidden activation is written once), with its own backward
-  (`LinearReLU`): the registry's `decoder_relu_in_the_product`.
+- `relu_epilogue_bias_summed`: the first product, its bias and the ReLU in one call of `torch._addmm_activation`
+  (cuBLASLt's bias-and-ReLU epilogue on CUDA; the hidden activation is written once), with its own backward, which
+  sums the masked gradient's columns for the bias's gradient (`BiasGradientSummed`).
+- `relu_epilogue`: the same forward, and a backward whose weight-gradient product gives the bias's gradient too (its
+  other input has a column of ones): the registry's `decoder_relu_in_the_product` (`LinearReLU`).
 
 Each is compiled on its own (torch.compile, static shapes, unless --no-compile), run forward under bf16 autocast and
 backward, on random queries; figures are GPU-busy ms per training step (both decoder layers), as in
@@ -29,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bench.block_timing import Timer, side_by_side, side_by_side_main
-from rfdetr_coco_pipeline.hooks.patches.decoder_layer import linear_relu
+from rfdetr_coco_pipeline.hooks.patches.decoder_layer import LinearReLU, linear_relu
 
 QUERIES, WIDTH, HIDDEN, LAYERS = 3900, 256, 2048, 2  # rfdetr Nano in training
 
@@ -37,6 +40,21 @@ QUERIES, WIDTH, HIDDEN, LAYERS = 3900, 256, 2048, 2  # rfdetr Nano in training
 def rfdetr_block(layer: nn.Module, tgt: Tensor) -> Tensor:
     """The feed-forward block of rfdetr 1.11.2's `TransformerDecoderLayer.forward_post`: FFN, residual, norm3."""
     return layer.norm3(tgt + layer.linear2(layer.dropout(layer.activation(layer.linear1(tgt)))))
+
+
+class BiasGradientSummed(LinearReLU):
+    """`LinearReLU` with the bias's gradient summed from the masked gradient's columns, a pass of its own."""
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        x, weight, out = ctx.saved_tensors
+        grad = grad * (out > 0)
+        return grad @ weight, grad.t() @ x, grad.sum(0)
+
+
+def relu_epilogue_bias_summed_block(layer: nn.Module, tgt: Tensor) -> Tensor:
+    """`relu_epilogue_block` with the bias's gradient summed apart (`BiasGradientSummed`)."""
+    return layer.norm3(tgt + layer.linear2(layer.dropout(linear_relu(layer.linear1, tgt, BiasGradientSummed))))
 
 
 def relu_epilogue_block(layer: nn.Module, tgt: Tensor) -> Tensor:
@@ -55,7 +73,11 @@ class FeedForward(nn.Module):
         self.activation = F.relu
 
 
-BLOCKS = {"rfdetr": rfdetr_block, "relu_epilogue": relu_epilogue_block}
+BLOCKS = {
+    "rfdetr": rfdetr_block,
+    "relu_epilogue_bias_summed": relu_epilogue_bias_summed_block,
+    "relu_epilogue": relu_epilogue_block,
+}
 
 
 def measure(batch: int, repeats: int, warmup: int, compile_blocks: bool) -> dict[str, Any]:

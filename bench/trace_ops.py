@@ -27,6 +27,8 @@ from typing import Any
 from bench.profile_steps import union_seconds
 
 GPU_WORK = ("kernel", "gpu_memcpy", "gpu_memset")  # not "gpu_user_annotation": a label, not work
+# the host's calls that start GPU work: CUDA runtime calls, and driver calls (Triton launches its kernels with these)
+LAUNCHES = ("cuda_runtime", "cuda_driver")
 
 
 def load_events(path: str) -> list[dict[str, Any]]:
@@ -129,9 +131,7 @@ def kernel_sources(events: list[dict[str, Any]], steps: int, top: int, depth: in
     """GPU kernel, copy and memset time per step, grouped by (work name, innermost `depth` operations around its
     launch), largest first; and the share launched outside CUDA graphs."""
     launches = {
-        e["args"]["correlation"]: e
-        for e in events
-        if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})
+        e["args"]["correlation"]: e for e in events if e.get("cat") in LAUNCHES and "correlation" in e.get("args", {})
     }
     ops_by_thread: dict[Any, list[dict[str, Any]]] = defaultdict(list)
     for event in events:
@@ -175,9 +175,9 @@ def kernel_sources(events: list[dict[str, Any]], steps: int, top: int, depth: in
 def read_trace(path: str, steps: int, top: int, pause_ms: float = 10.0, idle_ms: float = 2.0) -> dict[str, Any]:
     events = load_events(path)
     gpu = [(round(e["ts"] * 1e3), round((e["ts"] + e["dur"]) * 1e3)) for e in events if e.get("cat") in GPU_WORK]
-    threads = Counter(e["tid"] for e in events if e.get("cat") == "cuda_runtime")
+    threads = Counter(e["tid"] for e in events if e.get("cat") in LAUNCHES)
     training_thread = threads.most_common(1)[0][0]
-    host = [e for e in events if e["tid"] == training_thread and e.get("cat") in ("cpu_op", "cuda_runtime")]
+    host = [e for e in events if e["tid"] == training_thread and e.get("cat") in ("cpu_op", *LAUNCHES)]
     return {
         "trace": path,
         "gpu_busy_ms_per_step": round(union_seconds(gpu) / steps * 1e3, 1),

@@ -159,11 +159,14 @@ def test_asking_for_speedups_by_name_or_all_refuses_another_rfdetr_with_what_to_
     assert select_speedups(setting, CHECKED_RFDETR, missing=()).names() == expected
 
 
-def test_without_triton_auto_leaves_deformable_sampling_off_and_all_refuses(monkeypatch):
+def test_without_triton_auto_leaves_the_triton_speedups_off_and_all_refuses(monkeypatch):
+    needs_triton = [speedup.name for speedup in SPEEDUPS if "triton" in speedup.needs]
+    assert needs_triton == ["deformable_sampling", "backbone_norm_backward_in_one_pass"]
     monkeypatch.setitem(sys.modules, "triton", None)  # as in a Python where triton does not import
     auto = select_speedups("auto", CHECKED_RFDETR)
-    assert auto.names() == [name for name in BY_DEFAULT if name != "deformable_sampling"]
-    assert "Speedup left off: deformable_sampling: needs triton, which this Python cannot import" in auto.report()
+    assert auto.names() == [name for name in BY_DEFAULT if name not in needs_triton]
+    for name in needs_triton:
+        assert f"Speedup left off: {name}: needs triton, which this Python cannot import" in auto.report()
     for setting in ("all", ["gc_freeze", "deformable_sampling"]):
         with pytest.raises(
             SpeedupError, match=r"deformable_sampling: needs triton.*pip install triton.*speedups: auto"
@@ -191,8 +194,8 @@ def test_on_the_cpu_auto_leaves_the_gpu_only_speedups_off_and_all_applies_them()
 
 
 def test_a_speedup_only_when_named_applies_only_where_a_list_names_it_and_auto_and_all_say_why():
-    # resize_in_torch: its values are not rfdetr's; the two others: their train stage is not yet measured
-    only_when_named = ["resize_in_torch", "patch_embedding_as_product", "backbone_norm_backward_in_one_pass"]
+    # resize_in_torch: its values are not rfdetr's
+    only_when_named = ["resize_in_torch"]
     assert [speedup.name for speedup in SPEEDUPS if speedup.only_when_named] == only_when_named
     assert set(NAMES) - set(BY_DEFAULT) == set(only_when_named)
     for setting in ("auto", "all"):
@@ -202,11 +205,6 @@ def test_a_speedup_only_when_named_applies_only_where_a_list_names_it_and_auto_a
             "Speedup left off: resize_in_torch: not rfdetr's values (torch's resize rounds differently from Pillow's: "
             "pixels differ by up to 2 levels of 255): applies only where train.speedups names it" in selection.report()
         )
-        assert (
-            "Speedup left off: patch_embedding_as_product: its train-stage gain and its losses over epochs are not yet "
-            "measured: applies only where "
-            "train.speedups names it" in selection.report()
-        )
     named = select_speedups(["images_as_bytes", "resize_in_torch"], CHECKED_RFDETR, missing=())
     assert named.names() == ["images_as_bytes", "resize_in_torch"]
     # all in a list: every speedup all applies, and the ones named beside it
@@ -215,9 +213,6 @@ def test_a_speedup_only_when_named_applies_only_where_a_list_names_it_and_auto_a
     with pytest.raises(SpeedupError, match=r"asks for every speedup, resize_in_torch, .* rfdetr 1\.12\.0"):
         select_speedups(["all", "resize_in_torch"], "1.12.0")
     assert "**Only when named:** not rfdetr's values (torch's resize rounds differently" in markdown_table()
-    assert (
-        "**Only when named:** its train-stage gain and its losses over epochs are not yet measured" in markdown_table()
-    )
 
 
 def test_none_applies_nothing_and_unknown_names_are_refused():

@@ -217,7 +217,6 @@ SPEEDUPS: tuple[Speedup, ...] = (
         (f"{PATCH_EMBEDDINGS}.forward",),
         "in training the backbone embeds the images' 16 x 16 patches with one matrix product, not a convolution",
         reads=(f"{PATCH_EMBEDDINGS}.__init__",),
-        only_when_named="its train-stage gain and its losses over epochs are not yet measured",
     ),
     _patch(
         "backbone_norm_backward_in_one_pass",
@@ -233,7 +232,6 @@ SPEEDUPS: tuple[Speedup, ...] = (
         ),
         needs=("triton",),
         gpu_only=True,  # its kernel runs on CUDA only (the tests run it in Triton's interpreter)
-        only_when_named="its train-stage gain and its losses over epochs are not yet measured",
     ),
     _patch(
         "decoder_attention_on_views",
@@ -244,7 +242,8 @@ SPEEDUPS: tuple[Speedup, ...] = (
     _patch(
         "decoder_relu_in_the_product",
         (DECODER_LAYER_FORWARD,),
-        "in training the decoder's first feed-forward product adds its bias and ReLU in cuBLASLt's epilogue",
+        "in training the decoder's first feed-forward product adds its bias and ReLU in cuBLASLt's epilogue, and its "
+        "backward gives the bias's gradient from the weight's gradient product",
         reads=DECODER_LAYER_READS,
     ),
     _patch(

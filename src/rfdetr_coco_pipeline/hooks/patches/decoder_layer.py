@@ -11,7 +11,9 @@ group) through self-attention, deformable cross-attention and a 2,048-wide ReLU 
   they are, with the same parameters: queries and keys in one matrix product (they are the same tensor).
 - **ReLU in the product** (`LinearReLU`). The first feed-forward product writes a (batch x 3,900, 2,048) activation
   (2 GB in bf16 at batch 128) that a second kernel reads to add the bias and apply the ReLU. Here one call of
-  `torch._addmm_activation` (cuBLASLt's bias-and-ReLU epilogue on CUDA) writes it once, with its own backward.
+  `torch._addmm_activation` (cuBLASLt's bias-and-ReLU epilogue on CUDA) writes it once, with its own backward, in
+  which the bias's gradient (the column sums of the masked incoming gradient, another 2 GB read) comes out of the
+  weight's gradient product: the product's other input gets a column of ones.
 
 Everything else is rfdetr's layer as written. The lean forward covers the training call of a plain layer (no
 attention masks, no keypoints, `nn.MultiheadAttention` and `nn.Linear` as rfdetr builds them, ReLU, queries a
@@ -74,7 +76,8 @@ def grouped_self_attention(attention: nn.MultiheadAttention, tgt: Tensor, query_
 
 class LinearReLU(torch.autograd.Function):
     """relu(x @ weight.T + bias) for 2-D `x`, forward in one `torch._addmm_activation` call; the backward masks the
-    incoming gradient where the output is zero, as ReLU's backward does."""
+    incoming gradient where the output is zero, as ReLU's backward does, and computes the weight's and the bias's
+    gradients in one product."""
 
     @staticmethod
     def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
@@ -86,16 +89,21 @@ class LinearReLU(torch.autograd.Function):
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         x, weight, out = ctx.saved_tensors
         grad = grad * (out > 0)
-        return grad @ weight, grad.t() @ x, grad.sum(0)
+        rows, width = x.shape
+        # x with a column of ones (the bias's gradient) and zeros to a multiple of 8 columns, for aligned products
+        x_and_ones = torch.cat([x, x.new_ones(rows, 1), x.new_zeros(rows, -(width + 1) % 8)], dim=1)
+        weight_and_bias = grad.t() @ x_and_ones
+        return grad @ weight, weight_and_bias[:, :width], weight_and_bias[:, width]
 
 
-def linear_relu(linear: nn.Linear, x: Tensor) -> Tensor:
-    """relu(linear(x)) through `LinearReLU`; under autocast the inputs are cast as autocast casts a linear layer's."""
+def linear_relu(linear: nn.Linear, x: Tensor, function: type[LinearReLU] = LinearReLU) -> Tensor:
+    """relu(linear(x)) through `function` (`LinearReLU`, or a variant of its backward to compare it with); under
+    autocast the inputs are cast as autocast casts a linear layer's."""
     device = x.device.type
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
     with torch.autocast(device, enabled=False):
         flat = x.reshape(-1, x.shape[-1]).to(dtype)
-        out = LinearReLU.apply(flat, linear.weight.to(dtype), linear.bias.to(dtype))
+        out = function.apply(flat, linear.weight.to(dtype), linear.bias.to(dtype))
     return out.view(*x.shape[:-1], -1)
 
 
