@@ -257,6 +257,14 @@ SPEEDUPS: tuple[Speedup, ...] = (
         ),
     ),
     _patch(
+        "group_products_without_bias_copy",
+        (f"{TRANSFORMER}:_batched_group_linear",),
+        "in training the two-stage selection's group products add their bias in the kernel that reads them, instead "
+        "of copying it into their output first",
+        gpu_only=True,  # the addition fuses into the next kernel only when compiled
+        only_when_named="its gain is not yet measured",
+    ),
+    _patch(
         "padding_in_one_copy",
         ("rfdetr.models.matcher:pad_sequence",),
         "the matcher pads a batch's targets in two operations instead of one copy per image",

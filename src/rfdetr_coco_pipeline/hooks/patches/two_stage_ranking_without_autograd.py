@@ -34,8 +34,11 @@ def selected_with_autograd(original: Callable[..., Any]) -> Callable[..., Any]:
     from rfdetr.models import transformer as rfdetr_transformer
 
     stack = rfdetr_transformer._stack_linear_params
-    linear = rfdetr_transformer._batched_group_linear
     layer_norm = rfdetr_transformer._batched_group_layer_norm
+
+    def linear(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+        # looked up at each call: group_products_without_bias_copy may replace it within this block
+        return rfdetr_transformer._batched_group_linear(x, weight, bias)
 
     def _two_stage_group_selection(
         self: Any, output_memory: Tensor, output_proposals: Tensor, group_detr: int
