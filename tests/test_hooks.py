@@ -76,7 +76,7 @@ SPEEDUP_TESTS = {
     "decoder_relu_in_the_product": "tests/test_decoder_layer.py::test_each_lean_part_gives_rfdetrs_loss_and_gradients",
     "two_stage_ranking_without_autograd": "tests/test_two_stage_ranking.py::"
     "test_the_step_gives_rfdetrs_loss_gradients_and_proposals",
-    "group_products_without_bias_copy": "tests/test_group_products_without_bias_copy.py::"
+    "group_products_aligned_without_bias_copy": "tests/test_group_products_aligned_without_bias_copy.py::"
     "test_the_step_gives_rfdetrs_loss_gradients_and_proposals_without_baddbmm",
     "padding_in_one_copy": "tests/test_padding_in_one_copy.py::test_the_padding_equals_pad_sequences",
     "metric_update_per_batch": "tests/test_metric_update_per_batch.py::"
@@ -196,8 +196,8 @@ def test_on_the_cpu_auto_leaves_the_gpu_only_speedups_off_and_all_applies_them()
 
 
 def test_a_speedup_only_when_named_applies_only_where_a_list_names_it_and_auto_and_all_say_why():
-    # resize_in_torch: its values are not rfdetr's; group_products_without_bias_copy: its gain is not yet measured
-    only_when_named = ["resize_in_torch", "group_products_without_bias_copy"]
+    # resize_in_torch: its values are not rfdetr's; group_products_aligned_without_bias_copy: its gain is unmeasured
+    only_when_named = ["resize_in_torch", "group_products_aligned_without_bias_copy"]
     assert [speedup.name for speedup in SPEEDUPS if speedup.only_when_named] == only_when_named
     assert set(NAMES) - set(BY_DEFAULT) == set(only_when_named)
     for setting in ("auto", "all"):

@@ -257,10 +257,10 @@ SPEEDUPS: tuple[Speedup, ...] = (
         ),
     ),
     _patch(
-        "group_products_without_bias_copy",
+        "group_products_aligned_without_bias_copy",
         (f"{TRANSFORMER}:_batched_group_linear",),
-        "in training the two-stage selection's group products add their bias in the kernel that reads them, instead "
-        "of copying it into their output first",
+        "in training the two-stage selection's group products compute a multiple of 8 outputs (96 classes, 8 box "
+        "numbers) and add their bias in the kernel that reads them, instead of copying it into their output first",
         gpu_only=True,  # the addition fuses into the next kernel only when compiled
         only_when_named="its gain is not yet measured",
     ),

@@ -37,7 +37,7 @@ def selected_with_autograd(original: Callable[..., Any]) -> Callable[..., Any]:
     layer_norm = rfdetr_transformer._batched_group_layer_norm
 
     def linear(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
-        # looked up at each call: group_products_without_bias_copy may replace it within this block
+        # looked up at each call: group_products_aligned_without_bias_copy may replace it within this block
         return rfdetr_transformer._batched_group_linear(x, weight, bias)
 
     def _two_stage_group_selection(
