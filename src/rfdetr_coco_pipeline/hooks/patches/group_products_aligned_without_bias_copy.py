@@ -5,7 +5,7 @@ rfdetr's `_batched_group_linear` computes each query group's affine map as one `
 with the bias broadcast over the rows. `baddbmm` starts by copying that broadcast bias into its whole output, then
 accumulates the product onto it: in a Nano training step at batch 128 it does so 7 times (the encoder output's
 projection and the class head while ranking, then the projection, the class head and the box head's three layers
-for the selected rows), a strided copy of about 1.5 GB a step. Here the product is a `torch.bmm` and the bias is
+for the selected rows), a strided copy as large as each output. Here the product is a `torch.bmm` and the bias is
 added after it; compiled, Inductor fuses that addition into the kernel that reads the product next (the LayerNorm,
 the ReLU, the ranking's maximum).
 
