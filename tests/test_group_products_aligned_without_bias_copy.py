@@ -58,3 +58,30 @@ def test_the_step_gives_rfdetrs_loss_gradients_and_proposals_without_baddbmm(tmp
     assert grads.keys() == expected_grads.keys()
     for name, grad in grads.items():
         assert torch.allclose(grad, expected_grads[name], rtol=1e-4, atol=1e-6), name
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["float32", "bf16_autocast"])
+def test_the_product_has_rfdetrs_dtype_shape_and_values(autocast):
+    # under autocast rfdetr's baddbmm gives bf16; a float32 bias added after a bf16 product would give float32, and
+    # every operation after it would run in float32
+    from rfdetr.models import transformer
+
+    from rfdetr_coco_pipeline.hooks.patches.group_products_aligned_without_bias_copy import aligned_and_bias_after
+
+    aligned = aligned_and_bias_after(transformer._batched_group_linear)
+    generator = torch.Generator().manual_seed(0)
+    x, weight, bias = (
+        torch.randn(*shape, generator=generator) for shape in ((13, 2, 48, 256), (13, 91, 256), (13, 91))
+    )
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        expected, result = transformer._batched_group_linear(x, weight, bias), aligned(x, weight, bias)
+    assert (
+        (result.dtype, result.shape)
+        == (expected.dtype, expected.shape)
+        == (
+            torch.bfloat16 if autocast else torch.float32,
+            (13, 2, 48, 91),
+        )
+    )
+    tolerance = {"rtol": 2e-2, "atol": 5e-2} if autocast else {"rtol": 1e-5, "atol": 1e-5}
+    assert torch.allclose(result.float(), expected.float(), **tolerance)

@@ -40,7 +40,9 @@ def aligned_and_bias_after(original: Callable[..., Any]) -> Callable[..., Any]:
         rows = x.reshape(x.shape[0], -1, x.shape[-1])
         outputs = weight.shape[-2]
         aligned = F.pad(weight, (0, 0, 0, -outputs % 8))  # zero rows: outputs that are left out below
-        out = torch.bmm(rows, aligned.transpose(1, 2))[..., :outputs] + bias.unsqueeze(1)
+        product = torch.bmm(rows, aligned.transpose(1, 2))[..., :outputs]
+        # in the product's dtype, as autocast's baddbmm adds it: a float32 bias would promote the sum to float32
+        out = product + bias.to(product.dtype).unsqueeze(1)
         return out.reshape(*x.shape[:-1], outputs)
 
     return _batched_group_linear
