@@ -75,13 +75,7 @@ def test_the_product_has_rfdetrs_dtype_shape_and_values(autocast):
     )
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         expected, result = transformer._batched_group_linear(x, weight, bias), aligned(x, weight, bias)
-    assert (
-        (result.dtype, result.shape)
-        == (expected.dtype, expected.shape)
-        == (
-            torch.bfloat16 if autocast else torch.float32,
-            (13, 2, 48, 91),
-        )
-    )
+    assert (result.dtype, result.shape) == (expected.dtype, expected.shape)
+    assert expected.dtype == (torch.bfloat16 if autocast else torch.float32) and expected.shape == (13, 2, 48, 91)
     tolerance = {"rtol": 2e-2, "atol": 5e-2} if autocast else {"rtol": 1e-5, "atol": 1e-5}
     assert torch.allclose(result.float(), expected.float(), **tolerance)
