@@ -74,6 +74,8 @@ SPEEDUP_TESTS = {
     "test_in_tritons_interpreter_a_nano_training_step_gives_rfdetrs_loss_and_gradients",
     "decoder_attention_on_views": "tests/test_decoder_layer.py::test_each_lean_part_gives_rfdetrs_loss_and_gradients",
     "decoder_relu_in_the_product": "tests/test_decoder_layer.py::test_each_lean_part_gives_rfdetrs_loss_and_gradients",
+    "sine_embedding_in_one_stack": "tests/test_sine_embedding_in_one_stack.py::"
+    "test_the_step_embeds_in_one_stack_and_gives_rfdetrs_loss_and_gradients",
     "two_stage_ranking_without_autograd": "tests/test_two_stage_ranking.py::"
     "test_the_step_gives_rfdetrs_loss_gradients_and_proposals",
     "group_products_aligned_without_bias_copy": "tests/test_group_products_aligned_without_bias_copy.py::"
@@ -102,7 +104,7 @@ SPEEDUP_TESTS = {
 
 
 def test_the_registry_names_each_speedup_once_with_a_test_that_exists():
-    assert len(NAMES) == len(set(NAMES)) == 30
+    assert len(NAMES) == len(set(NAMES)) == 31
     assert set(SPEEDUP_TESTS) == set(NAMES)
     for speedup in SPEEDUPS:
         file, _, test = SPEEDUP_TESTS[speedup.name].partition("::")
@@ -196,8 +198,8 @@ def test_on_the_cpu_auto_leaves_the_gpu_only_speedups_off_and_all_applies_them()
 
 
 def test_a_speedup_only_when_named_applies_only_where_a_list_names_it_and_auto_and_all_say_why():
-    # resize_in_torch: its values are not rfdetr's; group_products_aligned_without_bias_copy: its gain is unmeasured
-    only_when_named = ["resize_in_torch", "group_products_aligned_without_bias_copy"]
+    # resize_in_torch: its values are not rfdetr's
+    only_when_named = ["resize_in_torch"]
     assert [speedup.name for speedup in SPEEDUPS if speedup.only_when_named] == only_when_named
     assert set(NAMES) - set(BY_DEFAULT) == set(only_when_named)
     for setting in ("auto", "all"):
@@ -215,7 +217,6 @@ def test_a_speedup_only_when_named_applies_only_where_a_list_names_it_and_auto_a
     with pytest.raises(SpeedupError, match=r"asks for every speedup, resize_in_torch, .* rfdetr 1\.12\.0"):
         select_speedups(["all", "resize_in_torch"], "1.12.0")
     assert "**Only when named:** not rfdetr's values (torch's resize rounds differently" in markdown_table()
-    assert "**Only when named:** its gain is not yet measured" in markdown_table()
 
 
 def test_none_applies_nothing_and_unknown_names_are_refused():

@@ -247,6 +247,13 @@ SPEEDUPS: tuple[Speedup, ...] = (
         reads=DECODER_LAYER_READS,
     ),
     _patch(
+        "sine_embedding_in_one_stack",
+        (f"{TRANSFORMER}:gen_sineembed_for_position",),
+        "the decoder's sine embedding of its reference boxes is one stack of the sines and cosines of every "
+        "coordinate's angles, not a stack per coordinate joined by a concatenation",
+        gpu_only=True,  # the concatenation costs more only in the kernel Inductor fuses it into
+    ),
+    _patch(
         "two_stage_ranking_without_autograd",
         (f"{TRANSFORMER}:Transformer._two_stage_group_selection",),
         "in training the two-stage proposals are ranked without autograd and only the selected rows computed with it",
@@ -262,7 +269,6 @@ SPEEDUPS: tuple[Speedup, ...] = (
         "in training the two-stage selection's group products compute a multiple of 8 outputs (96 classes, 8 box "
         "numbers) and add their bias in the kernel that reads them, instead of copying it into their output first",
         gpu_only=True,  # the addition fuses into the next kernel only when compiled
-        only_when_named="its gain is not yet measured",
     ),
     _patch(
         "padding_in_one_copy",

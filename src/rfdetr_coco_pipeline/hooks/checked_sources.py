@@ -59,6 +59,7 @@ CHECKED: dict[str, tuple[str, ...]] = {
     "rfdetr.models.transformer:TransformerDecoderLayer.__init__": ("2ab0bfdc033f",),
     "rfdetr.models.transformer:_get_activation_fn": ("20c97bd437df",),
     "rfdetr.models.transformer:Transformer._two_stage_group_selection": ("e1d1afe86154",),
+    "rfdetr.models.transformer:gen_sineembed_for_position": ("2c2fa7729ff5",),
     "rfdetr.models.transformer:_stack_linear_params": ("439a96105680",),
     "rfdetr.models.transformer:_batched_group_linear": ("720df40b7866",),
     "rfdetr.models.transformer:_batched_group_layer_norm": ("12edb0c69593",),
