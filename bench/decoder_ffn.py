@@ -1,6 +1,6 @@
-"""The decoder's feed-forward block three ways, timed side by side: rfdetr's, and two whose first matrix product adds
-the bias and applies the ReLU in cuBLASLt's epilogue, with the bias's gradient summed apart or from the weight's
-gradient product.
+"""The decoder's feed-forward block three ways (four on a GPU), timed side by side: rfdetr's, and those whose first
+matrix product adds the bias and applies the ReLU in cuBLASLt's epilogue, with the bias's gradient summed apart or
+from the weight's gradient product, and (on a GPU) with ReLU's backward mask in the Triton product too.
 
 usage: python -m bench.decoder_ffn [--batch 128] [--repeats 20] [--warmup 3] [--no-compile] [--out FILE.json]
 
@@ -15,6 +15,8 @@ writes it again.
   sums the masked gradient's columns for the bias's gradient (`BiasGradientSummed`).
 - `relu_epilogue`: the same forward, and a backward whose weight-gradient product gives the bias's gradient too (its
   other input has a column of ones): the registry's `decoder_relu_in_the_product` (`LinearReLU`).
+- `relu_mask_in_product` (on a GPU): the same, and backward the hidden activation's gradient made masked in one
+  Triton product: the registry's `decoder_relu_mask_in_the_product` with it (`feed_forward_relu`).
 
 Each is compiled on its own (torch.compile, static shapes, unless --no-compile), run forward under bf16 autocast and
 backward, on random queries; figures are GPU-busy ms per training step (both decoder layers), as in
@@ -32,7 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bench.block_timing import Timer, side_by_side, side_by_side_main
-from rfdetr_coco_pipeline.hooks.patches.decoder_layer import LinearReLU, linear_relu
+from rfdetr_coco_pipeline.hooks.patches.decoder_layer import LinearReLU, feed_forward_relu, linear_relu
 
 QUERIES, WIDTH, HIDDEN, LAYERS = 3900, 256, 2048, 2  # rfdetr Nano in training
 
@@ -63,6 +65,12 @@ def relu_epilogue_block(layer: nn.Module, tgt: Tensor) -> Tensor:
     return layer.norm3(tgt + layer.linear2(layer.dropout(linear_relu(layer.linear1, tgt))))
 
 
+def relu_mask_in_product_block(layer: nn.Module, tgt: Tensor) -> Tensor:
+    """`relu_epilogue_block` with both products in `feed_forward_relu`: backward, ReLU's mask in the Triton product
+    that makes the hidden activation's gradient (on CUDA, or under Triton's interpreter)."""
+    return layer.norm3(tgt + feed_forward_relu(layer.linear1, layer.linear2, tgt))
+
+
 class FeedForward(nn.Module):
     """The parameters of a decoder layer's feed-forward block, with rfdetr's names, for timing without rfdetr."""
 
@@ -86,7 +94,8 @@ def measure(batch: int, repeats: int, warmup: int, compile_blocks: bool) -> dict
     torch.manual_seed(0)
     layer = FeedForward().to(device).train()
     tgt = torch.randn(batch, QUERIES, WIDTH, device=device, requires_grad=True)
-    blocks = {name: partial(block, layer) for name, block in BLOCKS.items()}
+    on_gpu = {"relu_mask_in_product": relu_mask_in_product_block} if device.type == "cuda" else {}
+    blocks = {name: partial(block, layer) for name, block in {**BLOCKS, **on_gpu}.items()}
     timer = Timer(device, repeats, warmup)
     return {"batch": batch, **side_by_side(blocks, (tgt,), list(layer.parameters()), timer, compile_blocks, LAYERS)}
 

@@ -247,6 +247,16 @@ SPEEDUPS: tuple[Speedup, ...] = (
         reads=DECODER_LAYER_READS,
     ),
     _patch(
+        "decoder_relu_mask_in_the_product",
+        (DECODER_LAYER_FORWARD,),
+        "in training, where decoder_relu_in_the_product is on, the decoder's feed-forward backward applies ReLU's mask "
+        "in the Triton product that makes the gradient it masks, not in a pass of its own (needs Triton)",
+        reads=DECODER_LAYER_READS,
+        needs=("triton",),
+        gpu_only=True,  # its kernel runs on CUDA only (the tests run it in Triton's interpreter)
+        only_when_named="its gain is not yet measured",
+    ),
+    _patch(
         "sine_embedding_in_one_stack",
         (f"{TRANSFORMER}:gen_sineembed_for_position",),
         "the decoder's sine embedding of its reference boxes is one stack of the sines and cosines of every "

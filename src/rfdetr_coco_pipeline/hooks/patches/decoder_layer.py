@@ -14,6 +14,12 @@ group) through self-attention, deformable cross-attention and a 2,048-wide ReLU 
   `torch._addmm_activation` (cuBLASLt's bias-and-ReLU epilogue on CUDA) writes it once, with its own backward, in
   which the bias's gradient (the column sums of the masked incoming gradient, another 2 GB read) comes out of the
   weight's gradient product: the product's other input gets a column of ones.
+- **ReLU's mask in the product** (`FeedForwardReLU`, on top of the part above). Backward, the gradient of the hidden
+  activation is the second product's input gradient, (batch x 3,900, 2,048), which cuBLAS writes and a second
+  kernel reads again, with the activation, to zero it where the ReLU was off. Here both products are in one
+  autograd function whose backward makes that gradient in one Triton kernel (`relu_masked_product_kernels`) that
+  applies the mask to each tile as it writes it. It runs on CUDA, or on the CPU under Triton's interpreter
+  (`TRITON_INTERPRET=1`, the tests), and needs the layer's feed-forward dropout off (rfdetr's default).
 
 Everything else is rfdetr's layer as written. The lean forward covers the training call of a plain layer (no
 attention masks, no keypoints, `nn.MultiheadAttention` and `nn.Linear` as rfdetr builds them, ReLU, queries a
@@ -24,6 +30,7 @@ Guarantees: the layer's output and every gradient equal rfdetr's up to floating-
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
@@ -36,7 +43,9 @@ from torch import Tensor, nn
 from rfdetr_coco_pipeline.hooks.patching import patch_rfdetr
 
 LAYER = "rfdetr.models.transformer:TransformerDecoderLayer"
-VIEWS, RELU_IN_PRODUCT = "views", "relu_in_product"
+VIEWS, RELU_IN_PRODUCT, RELU_MASK_IN_PRODUCT = "views", "relu_in_product", "relu_mask_in_product"
+# a 128 x 128 tile of the masked gradient a program, 64 of the inner dimension at a time, on 8 warps
+TILE_M, TILE_N, TILE_K, GROUP_M, WARPS, STAGES = 128, 128, 64, 8, 8, 3
 
 _parts_on: Counter[str] = Counter()  # the lean parts turned on by the blocks now entered, nested blocks counted
 
@@ -107,6 +116,76 @@ def linear_relu(linear: nn.Linear, x: Tensor, function: type[LinearReLU] = Linea
     return out.view(*x.shape[:-1], -1)
 
 
+@torch.library.custom_op("rfdetr_pipeline::relu_masked_product", mutates_args=())
+def relu_masked_product(a: Tensor, b: Tensor, relu_out: Tensor) -> Tensor:
+    """(a @ b) where relu_out > 0, else 0, in a's dtype, for 2-D a (M, K), b (K, N) and relu_out (M, N), in one
+    Triton kernel (a custom op, so `torch.compile` keeps it in the compiled graph and CUDA graphs can record it)."""
+    from rfdetr_coco_pipeline.hooks.patches.relu_masked_product_kernels import relu_masked_product_kernel
+
+    a, b, relu_out = a.contiguous(), b.contiguous(), relu_out.contiguous()  # the kernel reads rows of each
+    (rows, inner), columns = a.shape, b.shape[1]
+    result = a.new_empty((rows, columns))
+    tiles = -(-rows // TILE_M) * -(-columns // TILE_N)
+    relu_masked_product_kernel[(tiles,)](
+        a, b, relu_out, result, rows, columns, inner,
+        BLOCK_M=TILE_M, BLOCK_N=TILE_N, BLOCK_K=TILE_K, GROUP_M=GROUP_M,
+        # float32 products as torch computes them by default (no TF32)
+        INPUT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
+        num_warps=WARPS, num_stages=STAGES,
+    )  # fmt: skip
+    return result
+
+
+@relu_masked_product.register_fake
+def _(a, b, relu_out):  # noqa: ANN001, ANN202
+    return a.new_empty((a.shape[0], b.shape[1]))
+
+
+class FeedForwardReLU(torch.autograd.Function):
+    """relu(x @ weight1.T + bias1) @ weight2.T + bias2 for 2-D `x`: the first product as `LinearReLU`'s, the second
+    as a linear layer's; backward, the hidden activation's gradient comes masked out of one Triton product
+    (`relu_masked_product`), and the first product's weight and bias gradients out of one product as in
+    `LinearReLU`."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, weight1: Tensor, bias1: Tensor, weight2: Tensor, bias2: Tensor) -> Tensor:
+        hidden = torch._addmm_activation(bias1, x, weight1.t())
+        ctx.save_for_backward(x, weight1, hidden, weight2)
+        return torch.addmm(bias2, hidden, weight2.t())
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        x, weight1, hidden, weight2 = ctx.saved_tensors
+        grad_hidden = relu_masked_product(grad, weight2, hidden)
+        rows, width = x.shape
+        x_and_ones = torch.cat([x, x.new_ones(rows, 1), x.new_zeros(rows, -(width + 1) % 8)], dim=1)
+        weight_and_bias = grad_hidden.t() @ x_and_ones
+        return (
+            grad_hidden @ weight1,
+            weight_and_bias[:, :width],
+            weight_and_bias[:, width],
+            grad.t() @ hidden,
+            grad.sum(0),
+        )
+
+
+def feed_forward_relu(linear1: nn.Linear, linear2: nn.Linear, x: Tensor) -> Tensor:
+    """linear2(relu(linear1(x))) through `FeedForwardReLU`; under autocast the inputs are cast as autocast casts a
+    linear layer's."""
+    device = x.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+    with torch.autocast(device, enabled=False):
+        flat = x.reshape(-1, x.shape[-1]).to(dtype)
+        weights = (linear1.weight, linear1.bias, linear2.weight, linear2.bias)
+        out = FeedForwardReLU.apply(flat, *(weight.to(dtype) for weight in weights))
+    return out.view(*x.shape[:-1], -1)
+
+
+def _kernels_run_on(tensor: Tensor) -> bool:
+    # Triton's interpreter runs the kernel on the CPU: how the tests run it without a GPU
+    return tensor.is_cuda or (tensor.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1")
+
+
 def _plain_attention(attention: nn.Module) -> bool:
     return (
         type(attention) is nn.MultiheadAttention
@@ -120,6 +199,16 @@ def _plain_attention(attention: nn.Module) -> bool:
 
 def _relu_feed_forward(layer: nn.Module) -> bool:
     return layer.activation is F.relu and type(layer.linear1) is nn.Linear and layer.linear1.bias is not None
+
+
+def _mask_in_product(layer: nn.Module, tgt: Tensor) -> bool:
+    return (
+        RELU_MASK_IN_PRODUCT in _parts_on
+        and type(layer.linear2) is nn.Linear
+        and layer.linear2.bias is not None
+        and layer.dropout.p == 0
+        and _kernels_run_on(tgt)
+    )
 
 
 def lean_forward_post(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -170,10 +259,12 @@ def lean_forward_post(original: Callable[..., Any]) -> Callable[..., Any]:
             input_spatial_shapes_hw=spatial_shapes_hw,
         )
         tgt = self.norm2(tgt + self.dropout2(tgt2))
-        if RELU_IN_PRODUCT in _parts_on and _relu_feed_forward(self):
-            hidden = linear_relu(self.linear1, tgt)
+        if RELU_IN_PRODUCT in _parts_on and _relu_feed_forward(self) and _mask_in_product(self, tgt):
+            tgt2 = feed_forward_relu(self.linear1, self.linear2, tgt)
+        elif RELU_IN_PRODUCT in _parts_on and _relu_feed_forward(self):
+            tgt2 = self.linear2(self.dropout(linear_relu(self.linear1, tgt)))
         else:
-            hidden = self.activation(self.linear1(tgt))
-        return self.norm3(tgt + self.dropout3(self.linear2(self.dropout(hidden))))
+            tgt2 = self.linear2(self.dropout(self.activation(self.linear1(tgt))))
+        return self.norm3(tgt + self.dropout3(tgt2))
 
     return forward_post
