@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from rfdetr_coco_pipeline.hooks import applied, select_speedups
+from tests.helpers.hopper_kernels import assert_no_register_spills, compile_for_hopper
 from tests.helpers.rfdetr_steps import (
     assert_gradients_alike,
     assert_no_further_from_exact,
@@ -81,10 +82,7 @@ def test_in_tritons_interpreter_the_kernel_gives_autograds_values_and_gradients(
 def test_the_kernel_compiles_for_hopper_without_register_spills(tmp_path):
     """Triton compiles the kernel for sm_90 (H100, H200) on any machine: the interpreter does not check that. ptxas
     (Triton's own) reports the registers it needs at the launch's tile and warps: none spill to memory."""
-    triton = pytest.importorskip("triton", reason="Triton comes with torch's Linux wheels")
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
+    pytest.importorskip("triton", reason="Triton comes with torch's Linux wheels")
     from rfdetr_coco_pipeline.hooks.patches import backbone_norm_backward_in_one_pass as lever
     from rfdetr_coco_pipeline.hooks.patches.residual_norm_kernels import residual_norm_backward_kernel
 
@@ -93,16 +91,9 @@ def test_the_kernel_compiles_for_hopper_without_register_spills(tmp_path):
     pointers |= {"grad_a_ptr": "*bf16"}
     pointers |= {f"partial_{name}_ptr": "*fp32" for name in ("scale", "weight", "bias")}
     signature = {**pointers, "rows": "i32", "C": "i32", "TILE": "constexpr", "BLOCK_C": "constexpr"}
-    source = ASTSource(
-        residual_norm_backward_kernel, signature, constexprs={"TILE": lever.TILE, "BLOCK_C": lever.triton_block(384)}
-    )
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": lever.WARPS})
-    ptx = tmp_path / "kernel.ptx"
-    ptx.write_text(compiled.asm["ptx"])
-    ptxas = [triton.knobs.nvidia.ptxas.path, "-v", "-arch=sm_90a", str(ptx), "-o", str(tmp_path / "kernel.cubin")]
-    report = subprocess.run(ptxas, capture_output=True, text=True, check=True).stderr
-    assert "Used " in report and "registers" in report, report
-    assert "0 bytes spill stores, 0 bytes spill loads" in report, report
+    constants = {"TILE": lever.TILE, "BLOCK_C": lever.triton_block(384)}
+    ptx = compile_for_hopper(residual_norm_backward_kernel, signature, constants, {"num_warps": lever.WARPS})
+    assert_no_register_spills(ptx, tmp_path)
 
 
 def training_step(tmp_path, speedups: list[str], autocast: bool = False, device: str = "cpu"):

@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from tests.helpers.hopper_kernels import assert_no_register_spills, compile_for_hopper
 from tests.helpers.rfdetr_steps import nano_and_batch, nano_training_step
 from tests.test_backbone_norm_backward import in_the_interpreter
 
@@ -99,12 +100,7 @@ def test_without_the_kernel_the_step_is_decoder_relu_in_the_products(tmp_path):
 def test_the_kernel_compiles_for_hopper_on_the_tensor_cores_without_register_spills(tmp_path):
     """Triton compiles the bf16 kernel for sm_90a (H100, H200) on any machine at the launch's tiles, warps and stages:
     its product is Hopper's warpgroup matrix instruction (`wgmma`), and ptxas (Triton's own) spills no registers."""
-    import subprocess
-
-    triton = pytest.importorskip("triton", reason="Triton comes with torch's Linux wheels")
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
+    pytest.importorskip("triton", reason="Triton comes with torch's Linux wheels")
     from rfdetr_coco_pipeline.hooks.patches import decoder_layer as lever
     from rfdetr_coco_pipeline.hooks.patches.relu_masked_product_kernels import relu_masked_product_kernel
 
@@ -116,13 +112,7 @@ def test_the_kernel_compiles_for_hopper_on_the_tensor_cores_without_register_spi
     # what a launch on Nano's tensors tells Triton: pointers aligned to 16 bytes, N (2,048) and K (256) multiples of 16
     aligned = ("a_ptr", "b_ptr", "relu_out_ptr", "c_ptr", "N", "K")
     divisible = {(list(signature).index(name),): [["tt.divisibility", 16]] for name in aligned}
-    source = ASTSource(relu_masked_product_kernel, signature, constexprs=constants, attrs=divisible)
     options = {"num_warps": lever.WARPS, "num_stages": lever.STAGES}
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
-    assert "wgmma" in compiled.asm["ptx"]
-    ptx = tmp_path / "kernel.ptx"
-    ptx.write_text(compiled.asm["ptx"])
-    ptxas = [triton.knobs.nvidia.ptxas.path, "-v", "-arch=sm_90a", str(ptx), "-o", str(tmp_path / "kernel.cubin")]
-    report = subprocess.run(ptxas, capture_output=True, text=True, check=True).stderr
-    assert "Used " in report and "registers" in report, report
-    assert "0 bytes spill stores, 0 bytes spill loads" in report, report
+    ptx = compile_for_hopper(relu_masked_product_kernel, signature, constants, options, divisible)
+    assert "wgmma" in ptx
+    assert_no_register_spills(ptx, tmp_path)
