@@ -6,6 +6,7 @@ version or a source, so the one gate is in one place.
 
 from __future__ import annotations
 
+import os
 import pkgutil
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -43,3 +44,9 @@ def send_without_waiting(host: Any, device: Any) -> Any:
     if str(device).startswith("cuda"):
         host = host.pin_memory()
     return host.to(device, non_blocking=True)
+
+
+def triton_kernels_run_on(tensor: Any) -> bool:
+    """Whether a hook's Triton kernels can run on `tensor`: on CUDA, or on the CPU under Triton's interpreter
+    (`TRITON_INTERPRET=1`: how the tests run them without a GPU)."""
+    return tensor.is_cuda or (tensor.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1")

@@ -25,7 +25,6 @@ interpreter (`TRITON_INTERPRET=1`, the tests); any other call is rfdetr's. It ne
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
@@ -33,7 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from rfdetr_coco_pipeline.hooks.patching import patch_rfdetr
+from rfdetr_coco_pipeline.hooks.patching import patch_rfdetr, triton_kernels_run_on
 
 ENCODER = "rfdetr.models.backbone.dinov2_with_windowed_attn:WindowedDinov2WithRegistersEncoder"
 # One row at a time on two warps, eight programs a multiprocessor: of the tiles (1-16 rows), warps (2-8) and
@@ -154,11 +153,6 @@ def residual_norm(x: Tensor, a: Tensor, scale: Tensor, norm: nn.LayerNorm) -> tu
         return ResidualNorm.apply(x, a, scale, norm.weight, norm.bias, norm.eps, out_dtype)
 
 
-def _kernels_run_on(tensor: Tensor) -> bool:
-    # Triton's interpreter runs the kernel on the CPU: how the tests run it without a GPU
-    return tensor.is_cuda or (tensor.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1")
-
-
 def _plain_norm(norm: nn.Module, x: Tensor) -> bool:
     return (
         type(norm) is nn.LayerNorm
@@ -207,7 +201,7 @@ def encoder_with_one_pass_backward(original: Callable[..., Any]) -> Callable[...
         output_hidden_states: bool = False,
         return_dict: bool = True,
     ) -> Any:
-        lean = self.training and not output_attentions and _kernels_run_on(hidden_states)
+        lean = self.training and not output_attentions and triton_kernels_run_on(hidden_states)
         if not (lean and _plain(self, hidden_states)):
             return original(self, hidden_states, output_attentions, output_hidden_states, return_dict)
         from transformers.modeling_outputs import BaseModelOutput

@@ -30,7 +30,6 @@ Guarantees: the layer's output and every gradient equal rfdetr's up to floating-
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
@@ -40,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rfdetr_coco_pipeline.hooks.patching import patch_rfdetr
+from rfdetr_coco_pipeline.hooks.patching import patch_rfdetr, triton_kernels_run_on
 
 LAYER = "rfdetr.models.transformer:TransformerDecoderLayer"
 VIEWS, RELU_IN_PRODUCT, RELU_MASK_IN_PRODUCT = "views", "relu_in_product", "relu_mask_in_product"
@@ -181,11 +180,6 @@ def feed_forward_relu(linear1: nn.Linear, linear2: nn.Linear, x: Tensor) -> Tens
     return out.view(*x.shape[:-1], -1)
 
 
-def _kernels_run_on(tensor: Tensor) -> bool:
-    # Triton's interpreter runs the kernel on the CPU: how the tests run it without a GPU
-    return tensor.is_cuda or (tensor.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1")
-
-
 def _plain_attention(attention: nn.Module) -> bool:
     return (
         type(attention) is nn.MultiheadAttention
@@ -207,7 +201,7 @@ def _mask_in_product(layer: nn.Module, tgt: Tensor) -> bool:
         and type(layer.linear2) is nn.Linear
         and layer.linear2.bias is not None
         and layer.dropout.p == 0
-        and _kernels_run_on(tgt)
+        and triton_kernels_run_on(tgt)
     )
 
 
