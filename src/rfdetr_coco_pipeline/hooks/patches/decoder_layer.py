@@ -97,22 +97,34 @@ class LinearReLU(torch.autograd.Function):
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         x, weight, out = ctx.saved_tensors
         grad = grad * (out > 0)
-        rows, width = x.shape
-        # x with a column of ones (the bias's gradient) and zeros to a multiple of 8 columns, for aligned products
-        x_and_ones = torch.cat([x, x.new_ones(rows, 1), x.new_zeros(rows, -(width + 1) % 8)], dim=1)
-        weight_and_bias = grad.t() @ x_and_ones
-        return grad @ weight, weight_and_bias[:, :width], weight_and_bias[:, width]
+        return grad @ weight, *weight_and_bias_gradients(grad, x)
+
+
+def weight_and_bias_gradients(grad: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
+    """The gradients of a product's weight and bias given its output's gradient `grad` and its input `x` (both 2-D),
+    from one product: x gets a column of ones (the bias's gradient) and zeros to a multiple of 8 columns, for
+    aligned products."""
+    rows, width = x.shape
+    x_and_ones = torch.cat([x, x.new_ones(rows, 1), x.new_zeros(rows, -(width + 1) % 8)], dim=1)
+    weight_and_bias = grad.t() @ x_and_ones
+    return weight_and_bias[:, :width], weight_and_bias[:, width]
+
+
+def _in_autocast_dtype(function: Any, x: Tensor, *parameters: Tensor) -> Tensor:
+    """`function.apply` on `x` flattened to 2-D and `parameters`, each cast as autocast casts a linear layer's inputs
+    (where autocast is on), with autocast off inside; the output has x's leading dimensions."""
+    device = x.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+    with torch.autocast(device, enabled=False):
+        flat = x.reshape(-1, x.shape[-1]).to(dtype)
+        out = function.apply(flat, *(parameter.to(dtype) for parameter in parameters))
+    return out.view(*x.shape[:-1], -1)
 
 
 def linear_relu(linear: nn.Linear, x: Tensor, function: type[LinearReLU] = LinearReLU) -> Tensor:
     """relu(linear(x)) through `function` (`LinearReLU`, or a variant of its backward to compare it with); under
     autocast the inputs are cast as autocast casts a linear layer's."""
-    device = x.device.type
-    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
-    with torch.autocast(device, enabled=False):
-        flat = x.reshape(-1, x.shape[-1]).to(dtype)
-        out = function.apply(flat, linear.weight.to(dtype), linear.bias.to(dtype))
-    return out.view(*x.shape[:-1], -1)
+    return _in_autocast_dtype(function, x, linear.weight, linear.bias)
 
 
 @torch.library.custom_op("rfdetr_pipeline::relu_masked_product", mutates_args=())
@@ -156,28 +168,13 @@ class FeedForwardReLU(torch.autograd.Function):
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         x, weight1, hidden, weight2 = ctx.saved_tensors
         grad_hidden = relu_masked_product(grad, weight2, hidden)
-        rows, width = x.shape
-        x_and_ones = torch.cat([x, x.new_ones(rows, 1), x.new_zeros(rows, -(width + 1) % 8)], dim=1)
-        weight_and_bias = grad_hidden.t() @ x_and_ones
-        return (
-            grad_hidden @ weight1,
-            weight_and_bias[:, :width],
-            weight_and_bias[:, width],
-            grad.t() @ hidden,
-            grad.sum(0),
-        )
+        return grad_hidden @ weight1, *weight_and_bias_gradients(grad_hidden, x), grad.t() @ hidden, grad.sum(0)
 
 
 def feed_forward_relu(linear1: nn.Linear, linear2: nn.Linear, x: Tensor) -> Tensor:
     """linear2(relu(linear1(x))) through `FeedForwardReLU`; under autocast the inputs are cast as autocast casts a
     linear layer's."""
-    device = x.device.type
-    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
-    with torch.autocast(device, enabled=False):
-        flat = x.reshape(-1, x.shape[-1]).to(dtype)
-        weights = (linear1.weight, linear1.bias, linear2.weight, linear2.bias)
-        out = FeedForwardReLU.apply(flat, *(weight.to(dtype) for weight in weights))
-    return out.view(*x.shape[:-1], -1)
+    return _in_autocast_dtype(FeedForwardReLU, x, linear1.weight, linear1.bias, linear2.weight, linear2.bias)
 
 
 def _plain_attention(attention: nn.Module) -> bool:
@@ -253,10 +250,11 @@ def lean_forward_post(original: Callable[..., Any]) -> Callable[..., Any]:
             input_spatial_shapes_hw=spatial_shapes_hw,
         )
         tgt = self.norm2(tgt + self.dropout2(tgt2))
-        if RELU_IN_PRODUCT in _parts_on and _relu_feed_forward(self) and _mask_in_product(self, tgt):
-            tgt2 = feed_forward_relu(self.linear1, self.linear2, tgt)
-        elif RELU_IN_PRODUCT in _parts_on and _relu_feed_forward(self):
-            tgt2 = self.linear2(self.dropout(linear_relu(self.linear1, tgt)))
+        if RELU_IN_PRODUCT in _parts_on and _relu_feed_forward(self):
+            if _mask_in_product(self, tgt):
+                tgt2 = feed_forward_relu(self.linear1, self.linear2, tgt)
+            else:
+                tgt2 = self.linear2(self.dropout(linear_relu(self.linear1, tgt)))
         else:
             tgt2 = self.linear2(self.dropout(self.activation(self.linear1(tgt))))
         return self.norm3(tgt + self.dropout3(tgt2))
