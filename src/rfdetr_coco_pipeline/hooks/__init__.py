@@ -6,7 +6,8 @@ Two kinds of hook are declared here, each with the private names it replaces or 
   fewer waits for the GPU or faster kernels. Patches (`patches/`) replace a private function or method inside a
   `with` block; callbacks (`callbacks/`) are Lightning callbacks added to rfdetr's Trainer.
 - **Hooks the workflow always uses** (`HOOKS`): the evaluation's full COCO result, the FP8 route's odd validation
-  batch, and the Trainer plugin that lets Lightning start the DDP ranks inside one SLURM job.
+  batch, the Trainer plugins (durable checkpoints; Lightning starting the DDP ranks inside one SLURM job), and every
+  rank stopping at one step on SIGTERM.
 
 The gate: before a stage uses a hook, every target is looked up in the installed packages and its source compared
 with the one the hook was checked against (`checked_sources.CHECKED`). A hook whose target is missing or changed
@@ -108,6 +109,8 @@ DATA_MODULE = "rfdetr.training.module_data:RFDETRDataModule"
 # rfdetr's train() looks this up when it is called: wrapping it reaches the Trainer train() builds
 BUILD_TRAINER = ("rfdetr.training:build_trainer", "rfdetr.detr:RFDETR.train")
 SAMPLER_EPOCH = "lightning_fabric.utilities.data:_set_sampler_epoch"
+SIGNAL_CONNECTOR = "pytorch_lightning.trainer.connectors.signal_connector:_SignalConnector"
+EPOCH_LOOP = "pytorch_lightning.loops.training_epoch_loop:_TrainingEpochLoop"
 BACKBONE = "rfdetr.models.backbone.dinov2_with_windowed_attn"
 PATCH_EMBEDDINGS = f"{BACKBONE}:Dinov2WithRegistersPatchEmbeddings"
 BACKBONE_LAYER = f"{BACKBONE}:WindowedDinov2WithRegistersLayer"
@@ -390,6 +393,19 @@ HOOKS: tuple[Hook, ...] = (
         "Lightning start DDP ranks inside a SLURM job",
         "rfdetr's Trainer as built: Lightning's own checkpoint writer; inside a SLURM job Lightning expects srun to "
         "have started one task per GPU",
+    ),
+    Hook(
+        "sigterm_at_one_step",
+        "rfdetr_coco_pipeline.hooks.sigterm_at_one_step:sigterm_at_one_step",
+        (
+            f"{SIGNAL_CONNECTOR}._sigterm_notifier_fn",
+            f"{EPOCH_LOOP}._broadcast_sigterm_tensor",
+            f"{EPOCH_LOOP}.advance",
+            f"{EPOCH_LOOP}.on_advance_end",
+        ),
+        "with several ranks, a SIGTERM to any of them stops every rank at the start of the same training step",
+        "Lightning's own SIGTERM handling, in which ranks warned at different moments can wait on each other until "
+        "the job is killed",
     ),
 )
 

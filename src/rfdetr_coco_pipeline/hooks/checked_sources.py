@@ -63,4 +63,8 @@ CHECKED: dict[str, tuple[str, ...]] = {
     "rfdetr.models.transformer:_stack_linear_params": ("439a96105680",),
     "rfdetr.models.transformer:_batched_group_linear": ("720df40b7866",),
     "rfdetr.models.transformer:_batched_group_layer_norm": ("12edb0c69593",),
+    "pytorch_lightning.trainer.connectors.signal_connector:_SignalConnector._sigterm_notifier_fn": ("5f73424dfc7e",),
+    "pytorch_lightning.loops.training_epoch_loop:_TrainingEpochLoop._broadcast_sigterm_tensor": ("d4e504c3f7d8",),
+    "pytorch_lightning.loops.training_epoch_loop:_TrainingEpochLoop.advance": ("c7555c016027",),
+    "pytorch_lightning.loops.training_epoch_loop:_TrainingEpochLoop.on_advance_end": ("2d1ddaa4e45e",),
 }

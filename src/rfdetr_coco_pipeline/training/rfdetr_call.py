@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from collections.abc import Mapping, Sequence
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -183,6 +183,16 @@ def fp8_validation(settings: Settings, route: Route, kwargs: Mapping[str, Any]) 
     return validation_of_any_size(route.batch_multiple)
 
 
+def sigterm_handling(settings: Settings) -> AbstractContextManager[Any]:
+    """With several ranks, the hook that stops every rank at one step on SIGTERM; a no-op context for one rank, or
+    when the hook is off (then Lightning's own handling, which the log names)."""
+    if settings.recipe.ranks == 1 or hook_off_reason("sigterm_at_one_step"):
+        return nullcontext()
+    from rfdetr_coco_pipeline.hooks.sigterm_at_one_step import sigterm_at_one_step
+
+    return sigterm_at_one_step()
+
+
 def run_rfdetr(settings: Settings, route: Route, kwargs: dict[str, Any], end: int) -> None:
     """rfdetr's `train(**kwargs)` on `route`, with the workflow's callbacks and the route's speedups, stopping after
     epoch `end`; a SIGTERM (a scheduler, a user) becomes a clear error."""
@@ -204,12 +214,14 @@ def run_rfdetr(settings: Settings, route: Route, kwargs: dict[str, Any], end: in
     # The always-on hooks pass the gate before any speedup is in place: a speedup that wraps one of their targets
     # (checkpoints_in_background wraps build_trainer) must not read to the gate as a changed release.
     plugins, odd_validation_batch = trainer_plugins_for(settings), fp8_validation(settings, route, kwargs)
+    stop_on_sigterm = sigterm_handling(settings)
     try:
         with (
             applied(route.speedups, settings.train) as speedup_callbacks,
             attached([*workflow_callbacks, *speedup_callbacks]),
             trainer_plugins(plugins),
             odd_validation_batch,
+            stop_on_sigterm,
         ):
             model.train(**kwargs)
     except SIGTERMException as stop:  # Lightning's SystemExit, which would otherwise exit with status 0
