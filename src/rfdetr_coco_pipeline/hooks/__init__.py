@@ -257,7 +257,6 @@ SPEEDUPS: tuple[Speedup, ...] = (
         reads=DECODER_LAYER_READS,
         needs=("triton",),
         gpu_only=True,  # its kernel runs on CUDA only (the tests run it in Triton's interpreter)
-        only_when_named="its gain is not yet measured",
     ),
     _patch(
         "sine_embedding_in_one_stack",
