@@ -16,7 +16,7 @@ writes it again.
 - `relu_epilogue`: the same forward, and a backward whose weight-gradient product gives the bias's gradient too (its
   other input has a column of ones): the registry's `decoder_relu_in_the_product` (`LinearReLU`).
 - `relu_mask_in_product` (on a GPU): the same, and backward the hidden activation's gradient made masked in one
-  Triton product: the registry's `decoder_relu_mask_in_the_product` with it (`feed_forward_relu`).
+  Triton product: the registry's `decoder_relu_mask_in_the_product` with it (`feed_forward_products.FeedForwardReLU`).
 
 Each is compiled on its own (torch.compile, static shapes, unless --no-compile), run forward under bf16 autocast and
 backward, on random queries; figures are GPU-busy ms per training step (both decoder layers), as in
@@ -34,7 +34,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bench.block_timing import Timer, side_by_side, side_by_side_main
-from rfdetr_coco_pipeline.hooks.patches.decoder_layer import LinearReLU, feed_forward_relu, linear_relu
+from rfdetr_coco_pipeline.hooks.patches.decoder_layer import LinearReLU, linear_relu
+from rfdetr_coco_pipeline.hooks.patches.feed_forward_products import FeedForwardReLU, feed_forward
 
 QUERIES, WIDTH, HIDDEN, LAYERS = 3900, 256, 2048, 2  # rfdetr Nano in training
 
@@ -66,9 +67,9 @@ def relu_epilogue_block(layer: nn.Module, tgt: Tensor) -> Tensor:
 
 
 def relu_mask_in_product_block(layer: nn.Module, tgt: Tensor) -> Tensor:
-    """`relu_epilogue_block` with both products in `feed_forward_relu`: backward, ReLU's mask in the Triton product
+    """`relu_epilogue_block` with both products in `FeedForwardReLU`: backward, ReLU's mask in the Triton product
     that makes the hidden activation's gradient (on CUDA, or under Triton's interpreter)."""
-    return layer.norm3(tgt + feed_forward_relu(layer.linear1, layer.linear2, tgt))
+    return layer.norm3(tgt + feed_forward(FeedForwardReLU, layer.linear1, layer.linear2, tgt))
 
 
 class FeedForward(nn.Module):

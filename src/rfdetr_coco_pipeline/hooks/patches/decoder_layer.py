@@ -14,12 +14,10 @@ group) through self-attention, deformable cross-attention and a 2,048-wide ReLU 
   `torch._addmm_activation` (cuBLASLt's bias-and-ReLU epilogue on CUDA) writes it once, with its own backward, in
   which the bias's gradient (the column sums of the masked incoming gradient, another 2 GB read) comes out of the
   weight's gradient product: the product's other input gets a column of ones.
-- **ReLU's mask in the product** (`FeedForwardReLU`, on top of the part above). Backward, the gradient of the hidden
-  activation is the second product's input gradient, (batch x 3,900, 2,048), which cuBLAS writes and a second
-  kernel reads again, with the activation, to zero it where the ReLU was off. Here both products are in one
-  autograd function whose backward makes that gradient in one Triton kernel (`relu_masked_product_kernels`) that
-  applies the mask to each tile as it writes it. It runs on CUDA, or on the CPU under Triton's interpreter
-  (`TRITON_INTERPRET=1`, the tests), and needs the layer's feed-forward dropout off (rfdetr's default).
+- **ReLU's mask in the product** (`feed_forward_products.FeedForwardReLU`, on top of the part above). Backward, the
+  gradient of the hidden activation, (batch x 3,900, 2,048), comes masked out of one Triton product instead of a
+  cuBLAS product and a mask pass (`feed_forward_products` says how). It needs the layer's feed-forward dropout off
+  (rfdetr's default).
 
 Everything else is rfdetr's layer as written. The lean forward covers the training call of a plain layer (no
 attention masks, no keypoints, `nn.MultiheadAttention` and `nn.Linear` as rfdetr builds them, ReLU, queries a
@@ -39,12 +37,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from rfdetr_coco_pipeline.hooks.patches.feed_forward_products import (
+    FeedForwardReLU,
+    feed_forward,
+    in_autocast_dtype,
+    weight_and_bias_gradients,
+)
 from rfdetr_coco_pipeline.hooks.patching import patch_rfdetr, triton_kernels_run_on
 
 LAYER = "rfdetr.models.transformer:TransformerDecoderLayer"
 VIEWS, RELU_IN_PRODUCT, RELU_MASK_IN_PRODUCT = "views", "relu_in_product", "relu_mask_in_product"
-# a 128 x 128 tile of the masked gradient a program, 64 of the inner dimension at a time, on 8 warps
-TILE_M, TILE_N, TILE_K, GROUP_M, WARPS, STAGES = 128, 128, 64, 8, 8, 3
 
 _parts_on: Counter[str] = Counter()  # the lean parts turned on by the blocks now entered, nested blocks counted
 
@@ -100,81 +102,10 @@ class LinearReLU(torch.autograd.Function):
         return grad @ weight, *weight_and_bias_gradients(grad, x)
 
 
-def weight_and_bias_gradients(grad: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
-    """The gradients of a product's weight and bias given its output's gradient `grad` and its input `x` (both 2-D),
-    from one product: x gets a column of ones (the bias's gradient) and zeros to a multiple of 8 columns, for
-    aligned products."""
-    rows, width = x.shape
-    x_and_ones = torch.cat([x, x.new_ones(rows, 1), x.new_zeros(rows, -(width + 1) % 8)], dim=1)
-    weight_and_bias = grad.t() @ x_and_ones
-    return weight_and_bias[:, :width], weight_and_bias[:, width]
-
-
-def _in_autocast_dtype(function: Any, x: Tensor, *parameters: Tensor) -> Tensor:
-    """`function.apply` on `x` flattened to 2-D and `parameters`, each cast as autocast casts a linear layer's inputs
-    (where autocast is on), with autocast off inside; the output has x's leading dimensions."""
-    device = x.device.type
-    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
-    with torch.autocast(device, enabled=False):
-        flat = x.reshape(-1, x.shape[-1]).to(dtype)
-        out = function.apply(flat, *(parameter.to(dtype) for parameter in parameters))
-    return out.view(*x.shape[:-1], -1)
-
-
 def linear_relu(linear: nn.Linear, x: Tensor, function: type[LinearReLU] = LinearReLU) -> Tensor:
     """relu(linear(x)) through `function` (`LinearReLU`, or a variant of its backward to compare it with); under
     autocast the inputs are cast as autocast casts a linear layer's."""
-    return _in_autocast_dtype(function, x, linear.weight, linear.bias)
-
-
-@torch.library.custom_op("rfdetr_pipeline::relu_masked_product", mutates_args=())
-def relu_masked_product(a: Tensor, b: Tensor, relu_out: Tensor) -> Tensor:
-    """(a @ b) where relu_out > 0, else 0, in a's dtype, for 2-D a (M, K), b (K, N) and relu_out (M, N), in one
-    Triton kernel (a custom op, so `torch.compile` keeps it in the compiled graph and CUDA graphs can record it)."""
-    from rfdetr_coco_pipeline.hooks.patches.relu_masked_product_kernels import relu_masked_product_kernel
-
-    a, b, relu_out = a.contiguous(), b.contiguous(), relu_out.contiguous()  # the kernel reads rows of each
-    (rows, inner), columns = a.shape, b.shape[1]
-    result = a.new_empty((rows, columns))
-    tiles = -(-rows // TILE_M) * -(-columns // TILE_N)
-    relu_masked_product_kernel[(tiles,)](
-        a, b, relu_out, result, rows, columns, inner,
-        BLOCK_M=TILE_M, BLOCK_N=TILE_N, BLOCK_K=TILE_K, GROUP_M=GROUP_M,
-        # float32 products as torch computes them by default (no TF32)
-        INPUT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
-        num_warps=WARPS, num_stages=STAGES,
-    )  # fmt: skip
-    return result
-
-
-@relu_masked_product.register_fake
-def _(a, b, relu_out):  # noqa: ANN001, ANN202
-    return a.new_empty((a.shape[0], b.shape[1]))
-
-
-class FeedForwardReLU(torch.autograd.Function):
-    """relu(x @ weight1.T + bias1) @ weight2.T + bias2 for 2-D `x`: the first product as `LinearReLU`'s, the second
-    as a linear layer's; backward, the hidden activation's gradient comes masked out of one Triton product
-    (`relu_masked_product`), and the first product's weight and bias gradients out of one product as in
-    `LinearReLU`."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, weight1: Tensor, bias1: Tensor, weight2: Tensor, bias2: Tensor) -> Tensor:
-        hidden = torch._addmm_activation(bias1, x, weight1.t())
-        ctx.save_for_backward(x, weight1, hidden, weight2)
-        return torch.addmm(bias2, hidden, weight2.t())
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-        x, weight1, hidden, weight2 = ctx.saved_tensors
-        grad_hidden = relu_masked_product(grad, weight2, hidden)
-        return grad_hidden @ weight1, *weight_and_bias_gradients(grad_hidden, x), grad.t() @ hidden, grad.sum(0)
-
-
-def feed_forward_relu(linear1: nn.Linear, linear2: nn.Linear, x: Tensor) -> Tensor:
-    """linear2(relu(linear1(x))) through `FeedForwardReLU`; under autocast the inputs are cast as autocast casts a
-    linear layer's."""
-    return _in_autocast_dtype(FeedForwardReLU, x, linear1.weight, linear1.bias, linear2.weight, linear2.bias)
+    return in_autocast_dtype(function, x, linear.weight, linear.bias)
 
 
 def _plain_attention(attention: nn.Module) -> bool:
@@ -252,7 +183,7 @@ def lean_forward_post(original: Callable[..., Any]) -> Callable[..., Any]:
         tgt = self.norm2(tgt + self.dropout2(tgt2))
         if RELU_IN_PRODUCT in _parts_on and _relu_feed_forward(self):
             if _mask_in_product(self, tgt):
-                tgt2 = feed_forward_relu(self.linear1, self.linear2, tgt)
+                tgt2 = feed_forward(FeedForwardReLU, self.linear1, self.linear2, tgt)
             else:
                 tgt2 = self.linear2(self.dropout(linear_relu(self.linear1, tgt)))
         else:

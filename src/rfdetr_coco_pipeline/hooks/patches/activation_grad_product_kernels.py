@@ -1,21 +1,30 @@
-"""The Triton kernel of `decoder_relu_mask_in_the_product`: the product a @ b with ReLU's backward mask applied as it is
-written, c = (a @ b) where relu_out > 0, else 0, for contiguous row-major a (M, K), b (K, N), relu_out and c (M, N).
+"""The Triton kernel of the feed-forward backward speedups: the product a @ b with an activation's backward applied as
+it is written, for contiguous row-major a (M, K), b (K, N), saved and c (M, N):
+
+- ACTIVATION "relu" (`decoder_relu_mask_in_the_product`): c = (a @ b) where saved > 0, else 0; saved is ReLU's
+  output (or its input: the sign is the same);
+- ACTIVATION "gelu" (`backbone_gelu_grad_in_the_product`): c = (a @ b) * gelu'(saved), saved being GELU's input and
+  gelu the exact one, x * Phi(x): gelu'(x) = Phi(x) + x * phi(x).
+
 Imported only where the kernel runs (a GPU, or Triton's interpreter in the tests).
 
 Each program computes one BLOCK_M x BLOCK_N tile of c, accumulating in float32 over K, then reads the same tile of
-relu_out and writes the masked tile in c's dtype. Programs run in groups of GROUP_M tile rows, so the tiles of a's
-rows that neighbouring programs read are still in the L2 cache.
+saved and writes the tile in c's dtype. Programs run in groups of GROUP_M tile rows, so the tiles of a's rows that
+neighbouring programs read are still in the L2 cache.
 """
 
 import triton
 import triton.language as tl
 
+SQRT_HALF = tl.constexpr(0.7071067811865476)  # 1 / sqrt(2): Phi(x) = (1 + erf(x / sqrt(2))) / 2
+INV_SQRT_TAU = tl.constexpr(0.3989422804014327)  # 1 / sqrt(2 pi): phi(x) = exp(-x^2 / 2) / sqrt(2 pi)
+
 
 @triton.jit
-def relu_masked_product_kernel(
+def activation_grad_product_kernel(
     a_ptr,
     b_ptr,
-    relu_out_ptr,
+    saved_ptr,
     c_ptr,
     M,
     N,
@@ -25,6 +34,7 @@ def relu_masked_product_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
+    ACTIVATION: tl.constexpr,
 ):
     program = tl.program_id(0)
     tiles_m = tl.cdiv(M, BLOCK_M)
@@ -38,7 +48,7 @@ def relu_masked_product_kernel(
     # 64-bit offsets only for the tile's first row (M x N may pass 2**31 elements); 32-bit ones within the tile
     first_row = (tile_m * BLOCK_M).to(tl.int64)
     a_ptr += first_row * K
-    relu_out_ptr += first_row * N
+    saved_ptr += first_row * N
     c_ptr += first_row * N
     rows = tl.arange(0, BLOCK_M)
     rows_left = M - tile_m * BLOCK_M
@@ -55,6 +65,10 @@ def relu_masked_product_kernel(
         acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
     inside = (rows[:, None] < rows_left) & (cols[None, :] < N)
     at = rows[:, None] * N + cols[None, :]
-    relu_out = tl.load(relu_out_ptr + at, mask=inside)
-    masked = tl.where(relu_out > 0, acc, 0.0)
-    tl.store(c_ptr + at, masked.to(c_ptr.dtype.element_ty), mask=inside)
+    saved = tl.load(saved_ptr + at, mask=inside)
+    if ACTIVATION == "relu":
+        result = tl.where(saved > 0, acc, 0.0)
+    else:
+        x = saved.to(tl.float32)
+        result = acc * (0.5 * (1.0 + tl.erf(x * SQRT_HALF)) + x * INV_SQRT_TAU * tl.exp(-0.5 * x * x))
+    tl.store(c_ptr + at, result.to(c_ptr.dtype.element_ty), mask=inside)
