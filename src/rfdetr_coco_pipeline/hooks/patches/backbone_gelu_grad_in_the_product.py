@@ -9,8 +9,8 @@ gradient in one Triton kernel that applies the derivative to each tile as it wri
 Guarantees: the block's output is rfdetr's, and every gradient rfdetr's up to floating-point rounding. It applies
 to a block of two `nn.Linear` with biases around transformers' exact GELU, in training (gradients on, the module in
 training mode), where the kernel can run (CUDA; Triton's interpreter in the tests); any other call, and every call
-outside training (evaluation, export), is rfdetr's own. The block keeps GELU's output for backward as well as its
-input: about 0.23 GB more a block at 128 images of 384 px.
+outside training (evaluation, export), is rfdetr's own. For backward the block keeps GELU's input and output, as
+autograd of rfdetr's block does; compiled, Inductor may choose to keep less of rfdetr's.
 """
 
 from __future__ import annotations

@@ -105,8 +105,8 @@ class FeedForwardReLU(torch.autograd.Function):
 
 class FeedForwardGELU(torch.autograd.Function):
     """gelu(x @ weight1.T + bias1) @ weight2.T + bias2 for 2-D `x`, GELU exact (erf); backward, the gradient of
-    GELU's input comes out of `gelu_grad_product`. It keeps GELU's input and output for backward (torch's own
-    backward keeps one and computes the other again)."""
+    GELU's input comes out of `gelu_grad_product`. It keeps GELU's input (for its derivative) and output (for the
+    second product's weight gradient), as autograd of rfdetr's block does."""
 
     @staticmethod
     def forward(ctx: Any, x: Tensor, weight1: Tensor, bias1: Tensor, weight2: Tensor, bias2: Tensor) -> Tensor:
