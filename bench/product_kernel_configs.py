@@ -3,12 +3,14 @@ tile, warps and stages, against what it replaces (cuBLAS's product, then the act
 own): microseconds a call, the product's TFLOPS, and how far each configuration's output is from the shipped one's.
 
 usage: python -m bench.product_kernel_configs [--activations relu,gelu] [--tiles 128x128x64,128x256x64,...]
-           [--warps 4,8] [--stages 3,4] [--rows N --inner K --columns N] [--dtype bfloat16|float32] [--out FILE.json]
+           [--warps 4,8] [--stages 3,4] [--saved-first 0,1] [--rows N --inner K --columns N]
+           [--dtype bfloat16|float32] [--out FILE.json]
 
 The shapes default to Nano's at 128 images of 384 px: ReLU, the decoder's 499,200 query rows (3,900 a image), from
 the 256-wide gradient to the 2,048-wide hidden one; GELU, the backbone's 74,240 token rows (four windows of 12 x 12
 patches and a class token a image), from 384 to 1,536. `--rows`, `--inner` and `--columns` set one shape for every
-activation. Tiles are BLOCK_M x BLOCK_N x BLOCK_K, powers of two (Triton's ranges are).
+activation. Tiles are BLOCK_M x BLOCK_N x BLOCK_K, powers of two (Triton's ranges are); `--saved-first 1` reads the
+saved activation's tile before the product's loop, 0 after it.
 
 On the GPU each call is timed by Triton's `do_bench`; on the CPU (Triton's interpreter, with TRITON_INTERPRET=1) by
 the clock, which only shows that the tool runs. A configuration Triton cannot build (too much shared memory) is kept
@@ -29,7 +31,7 @@ from torch import Tensor
 
 from bench.norm_kernel_configs import microseconds, numbers
 
-FIELDS = ("block_m", "block_n", "block_k", "warps", "stages")
+FIELDS = ("block_m", "block_n", "block_k", "warps", "stages", "saved_first")
 # rows, inner, columns of Nano's two feed-forward backward products at 128 images of 384 px
 NANO_SHAPES = {"relu": (128 * 3900, 256, 2048), "gelu": (128 * 4 * (12 * 12 + 1), 384, 1536)}
 
@@ -63,6 +65,7 @@ def measure(
     tile_list: list[tuple[int, int, int]],
     warps: list[int],
     stages: list[int],
+    saved_first: list[int],
     dtype: torch.dtype,
 ) -> dict[str, Any]:
     """The replaced pair's time and one record per configuration, fastest first."""
@@ -71,7 +74,7 @@ def measure(
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     a, b, saved = inputs(activation, shape, dtype, device)
     flop = 2 * shape[0] * shape[1] * shape[2]
-    names = ("TILE_M", "TILE_N", "TILE_K", "WARPS", "STAGES")
+    names = ("TILE_M", "TILE_N", "TILE_K", "WARPS", "STAGES", "SAVED_FIRST")
     shipped = tuple(getattr(products, name) for name in names)
 
     def run() -> Tensor:
@@ -80,8 +83,8 @@ def measure(
     reference = run().float()
     records = []
     try:
-        for (block_m, block_n, block_k), warp_count, stage_count in itertools.product(tile_list, warps, stages):
-            configuration = (block_m, block_n, block_k, warp_count, stage_count)
+        for tile, warp_count, stage_count, first in itertools.product(tile_list, warps, stages, saved_first):
+            configuration = (*tile, warp_count, stage_count, bool(first))
             for name, value in zip(names, configuration, strict=True):
                 setattr(products, name, value)
             record: dict[str, Any] = dict(zip(FIELDS, configuration, strict=True))
@@ -116,6 +119,7 @@ def main() -> None:
     parser.add_argument("--tiles", type=tiles, default=tiles("128x128x64,128x256x64,256x128x64,64x256x64,128x128x32"))
     parser.add_argument("--warps", type=numbers, default=[4, 8])
     parser.add_argument("--stages", type=numbers, default=[3, 4])
+    parser.add_argument("--saved-first", type=numbers, default=[0, 1])
     parser.add_argument("--rows", type=int)
     parser.add_argument("--inner", type=int)
     parser.add_argument("--columns", type=int)
@@ -126,7 +130,9 @@ def main() -> None:
     for activation in args.activations.split(","):
         shape = NANO_SHAPES[activation]
         shape = (args.rows or shape[0], args.inner or shape[1], args.columns or shape[2])
-        result = measure(activation, shape, args.tiles, args.warps, args.stages, getattr(torch, args.dtype))
+        result = measure(
+            activation, shape, args.tiles, args.warps, args.stages, args.saved_first, getattr(torch, args.dtype)
+        )
         results.append(result)
         print(
             f"{activation}: ({result['rows']} x {result['inner']}) @ ({result['inner']} x {result['columns']}) on "
@@ -135,13 +141,12 @@ def main() -> None:
         )
         for record in result["configurations"]:
             tile = f"{record['block_m']}x{record['block_n']}x{record['block_k']}"
+            label = f"{tile:11s} warps {record['warps']} stages {record['stages']}"
+            label += " saved first" if record["saved_first"] else " saved after"
             if "error" in record:
-                print(f"  {tile:11s} warps {record['warps']} stages {record['stages']}  {record['error']}")
+                print(f"  {label}  {record['error']}")
                 continue
-            print(
-                f"  {tile:11s} warps {record['warps']} stages {record['stages']}  {record['us']:9.1f} us"
-                f"  {record['tflops']:6.1f} TFLOPS  apart {record['apart']:.1e}"
-            )
+            print(f"  {label}  {record['us']:9.1f} us  {record['tflops']:6.1f} TFLOPS  apart {record['apart']:.1e}")
     if args.out:
         args.out.write_text(json.dumps(results, indent=1) + "\n")
 

@@ -47,8 +47,8 @@ def nano_step_with_backward_calls(tmp_path: Path, speedups: list[str], backward:
 
 def check_compiles_for_hopper(activation: str, tmp_path: Path) -> None:
     """Triton compiles the bf16 kernel of `activation` for sm_90a (H100, H200) on any machine at the launch's tiles,
-    warps and stages: its product is Hopper's warpgroup matrix instruction (`wgmma`), and ptxas (Triton's own)
-    spills no registers."""
+    warps, stages and saved tile's place: its product is Hopper's warpgroup matrix instruction (`wgmma`), and ptxas
+    (Triton's own) spills no registers."""
     from rfdetr_coco_pipeline.hooks.patches import feed_forward_products as launch
     from rfdetr_coco_pipeline.hooks.patches.activation_grad_product_kernels import activation_grad_product_kernel
 
@@ -56,6 +56,7 @@ def check_compiles_for_hopper(activation: str, tmp_path: Path) -> None:
     signature |= {name: "i32" for name in ("M", "N", "K")}
     constants = {"BLOCK_M": launch.TILE_M, "BLOCK_N": launch.TILE_N, "BLOCK_K": launch.TILE_K}
     constants |= {"GROUP_M": launch.GROUP_M, "INPUT_PRECISION": "tf32", "ACTIVATION": activation}
+    constants["SAVED_FIRST"] = launch.SAVED_FIRST
     signature |= dict.fromkeys(constants, "constexpr")
     # what a launch on Nano's tensors tells Triton: pointers aligned to 16 bytes, N and K multiples of 16 (the
     # decoder's 2,048 and 256, the backbone's 1,536 and 384)

@@ -8,9 +8,10 @@ it is written, for contiguous row-major a (M, K), b (K, N), saved and c (M, N):
 
 Imported only where the kernel runs (a GPU, or Triton's interpreter in the tests).
 
-Each program computes one BLOCK_M x BLOCK_N tile of c, accumulating in float32 over K, then reads the same tile of
-saved and writes the tile in c's dtype. Programs run in groups of GROUP_M tile rows, so the tiles of a's rows that
-neighbouring programs read are still in the L2 cache.
+Each program computes one BLOCK_M x BLOCK_N tile of c, accumulating in float32 over K, reads the same tile of saved
+and writes the tile in c's dtype. With SAVED_FIRST it asks for saved's tile before the product's loop, so that the
+read overlaps the product (K is short: 256 or 384) at the cost of the registers that hold it meanwhile. Programs run
+in groups of GROUP_M tile rows, so the tiles of a's rows that neighbouring programs read are still in the L2 cache.
 """
 
 import triton
@@ -35,6 +36,7 @@ def activation_grad_product_kernel(
     GROUP_M: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     ACTIVATION: tl.constexpr,
+    SAVED_FIRST: tl.constexpr,
 ):
     program = tl.program_id(0)
     tiles_m = tl.cdiv(M, BLOCK_M)
@@ -54,6 +56,10 @@ def activation_grad_product_kernel(
     rows_left = M - tile_m * BLOCK_M
     cols = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
     inner = tl.arange(0, BLOCK_K)
+    inside = (rows[:, None] < rows_left) & (cols[None, :] < N)
+    at = rows[:, None] * N + cols[None, :]
+    if SAVED_FIRST:
+        saved = tl.load(saved_ptr + at, mask=inside)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for start in range(0, K, BLOCK_K):
         k = start + inner
@@ -63,9 +69,8 @@ def activation_grad_product_kernel(
         )
         b = tl.load(b_ptr + k[:, None] * N + cols[None, :], mask=(k[:, None] < K) & (cols[None, :] < N), other=0.0)
         acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
-    inside = (rows[:, None] < rows_left) & (cols[None, :] < N)
-    at = rows[:, None] * N + cols[None, :]
-    saved = tl.load(saved_ptr + at, mask=inside)
+    if not SAVED_FIRST:
+        saved = tl.load(saved_ptr + at, mask=inside)
     if ACTIVATION == "relu":
         result = tl.where(saved > 0, acc, 0.0)
     else:

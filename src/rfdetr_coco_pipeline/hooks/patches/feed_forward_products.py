@@ -23,8 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-# a 128 x 128 tile of the hidden gradient a program, 64 of the inner dimension at a time, on 8 warps
-TILE_M, TILE_N, TILE_K, GROUP_M, WARPS, STAGES = 128, 128, 64, 8, 8, 3
+# a 128 x 128 tile of the hidden gradient a program, 64 of the inner dimension at a time, on 8 warps; the saved
+# activation's tile read after the product
+TILE_M, TILE_N, TILE_K, GROUP_M, WARPS, STAGES, SAVED_FIRST = 128, 128, 64, 8, 8, 3, False
 
 
 def weight_and_bias_gradients(grad: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
@@ -62,7 +63,7 @@ def activation_grad_product(a: Tensor, b: Tensor, saved: Tensor, activation: str
         BLOCK_M=TILE_M, BLOCK_N=TILE_N, BLOCK_K=TILE_K, GROUP_M=GROUP_M,
         # float32 products as torch computes them by default (no TF32)
         INPUT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32", ACTIVATION=activation,
-        num_warps=WARPS, num_stages=STAGES,
+        SAVED_FIRST=SAVED_FIRST, num_warps=WARPS, num_stages=STAGES,
     )  # fmt: skip
     return result
 
