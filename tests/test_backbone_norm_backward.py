@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from rfdetr_coco_pipeline.hooks import applied, select_speedups
 from tests.helpers.hopper_kernels import assert_no_register_spills, compile_for_hopper
 from tests.helpers.rfdetr_steps import (
+    BF16_ON_CPU,
     assert_gradients_alike,
     assert_no_further_from_exact,
     nano_and_batch,
@@ -96,10 +97,10 @@ def test_the_kernel_compiles_for_hopper_without_register_spills(tmp_path):
     assert_no_register_spills(ptx, tmp_path)
 
 
-def training_step(tmp_path, speedups: list[str], autocast: bool = False, device: str = "cpu"):
-    """A Nano training step with `speedups`: the loss, every gradient, and how often the layers' norm1 and norm2 ran
-    as modules."""
-    module, images, targets = nano_and_batch(tmp_path, device)
+def training_step(tmp_path, speedups: list[str], autocast: bool = False, device: str = "cpu", **model: object):
+    """A Nano training step with `speedups` (`model`: further RFDETRNanoConfig settings): the loss, every gradient,
+    and how often the layers' norm1 and norm2 ran as modules."""
+    module, images, targets = nano_and_batch(tmp_path, device, **model)
     norms = []
     for layer in module.model.backbone[0].encoder.encoder.encoder.layer:
         layer.norm1.register_forward_hook(lambda *_: norms.append("norm1"))
@@ -119,8 +120,8 @@ def check_nano_step(tmp_path: str) -> None:
     assert norms == {"norm1": 1}  # but the first layer's norm1, every norm went through the kernel's path
     assert torch.allclose(loss, expected_loss, rtol=1e-5)
     assert_gradients_alike(grads, expected_grads, most_apart=2e-4)
-    expected_loss, expected_grads, _ = training_step(tmp / "rfdetr-bf16", [], autocast=True)
-    loss, grads, _ = training_step(tmp / "lean-bf16", SPEEDUP, autocast=True)
+    expected_loss, expected_grads, _ = training_step(tmp / "rfdetr-bf16", [], autocast=True, **BF16_ON_CPU)
+    loss, grads, _ = training_step(tmp / "lean-bf16", SPEEDUP, autocast=True, **BF16_ON_CPU)
     assert torch.allclose(loss, expected_loss, rtol=2e-2)
     assert_gradients_alike(grads, expected_grads, least_cosine=0.999)
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from rfdetr_coco_pipeline.hooks import applied, select_speedups
-from tests.helpers.rfdetr_steps import nano_and_batch, nano_training_step
+from tests.helpers.rfdetr_steps import BF16_ON_CPU, nano_and_batch, nano_training_step
 
 LEAN = ("decoder_attention_on_views", "decoder_relu_in_the_product")
 
@@ -21,10 +21,11 @@ def module_calls(model) -> dict[str, int]:
     return calls
 
 
-def training_step(tmp_path, speedups: tuple[str, ...], autocast: bool = False, device: str = "cpu"):
-    """The loss and every parameter's gradient of one training step of rfdetr's Nano with `speedups` in place, and
-    how often each decoder layer's self-attention and first FFN product ran as modules."""
-    module, images, targets = nano_and_batch(tmp_path, device)
+def training_step(tmp_path, speedups: tuple[str, ...], autocast: bool = False, device: str = "cpu", **model: object):
+    """The loss and every parameter's gradient of one training step of rfdetr's Nano with `speedups` in place
+    (`model`: further RFDETRNanoConfig settings), and how often each decoder layer's self-attention and first FFN
+    product ran as modules."""
+    module, images, targets = nano_and_batch(tmp_path, device, **model)
     calls = module_calls(module.model)
     _, loss, grads = nano_training_step(module, images, targets, list(speedups), autocast, device)
     return loss, grads, calls
@@ -56,8 +57,9 @@ def test_each_lean_part_gives_rfdetrs_loss_and_gradients(tmp_path, rfdetrs_step,
 
 
 def assert_rfdetrs_step_within_bf16_rounding(tmp_path, device: str) -> None:
-    expected_loss, expected_grads, _ = training_step(tmp_path / "rfdetr", (), autocast=True, device=device)
-    loss, grads, calls = training_step(tmp_path / "lean", LEAN, autocast=True, device=device)
+    model = BF16_ON_CPU if device == "cpu" else {}
+    expected_loss, expected_grads, _ = training_step(tmp_path / "rfdetr", (), autocast=True, device=device, **model)
+    loss, grads, calls = training_step(tmp_path / "lean", LEAN, autocast=True, device=device, **model)
     assert calls == {"self_attn": 0, "linear1": 0}
     assert torch.allclose(loss, expected_loss, rtol=2e-2)
     decoder = [name for name in grads if ".decoder.layers." in name and name.endswith(("weight", "bias"))]

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from rfdetr_coco_pipeline.hooks import applied, select_speedups
 from rfdetr_coco_pipeline.hooks.patches.patch_embedding_as_product import patches_as_rows
 from tests.helpers.rfdetr_steps import (
+    BF16_ON_CPU,
     assert_gradients_alike,
     assert_no_further_from_exact,
     nano_and_batch,
@@ -19,10 +20,10 @@ from tests.helpers.rfdetr_steps import (
 SPEEDUP = ["patch_embedding_as_product"]
 
 
-def training_step(tmp_path, speedups: list[str], autocast: bool = False, device: str = "cpu"):
-    """One training step of rfdetr's Nano with `speedups` in place: the loss, every parameter's gradient, the patch
-    embeddings, and how many times the embedding's convolution ran."""
-    module, images, targets = nano_and_batch(tmp_path, device)
+def training_step(tmp_path, speedups: list[str], autocast: bool = False, device: str = "cpu", **model: object):
+    """One training step of rfdetr's Nano with `speedups` in place (`model`: further RFDETRNanoConfig settings): the
+    loss, every parameter's gradient, the patch embeddings, and how many times the embedding's convolution ran."""
+    module, images, targets = nano_and_batch(tmp_path, device, **model)
     patch_embeddings = module.model.backbone[0].encoder.encoder.embeddings.patch_embeddings
     embedded, convolutions = [], []
     patch_embeddings.register_forward_hook(lambda m, args, out: embedded.append(out.detach().float()))
@@ -64,8 +65,10 @@ def test_the_rows_are_the_convolutions_patches_in_its_order():
 
 
 def test_under_bf16_autocast_the_step_gives_rfdetrs_within_bf16_rounding(tmp_path):
-    expected_loss, expected_grads, expected_embedded, _ = training_step(tmp_path / "rfdetr", [], autocast=True)
-    loss, grads, embedded, _ = training_step(tmp_path / "lean", SPEEDUP, autocast=True)
+    expected_loss, expected_grads, expected_embedded, _ = training_step(
+        tmp_path / "rfdetr", [], autocast=True, **BF16_ON_CPU
+    )
+    loss, grads, embedded, _ = training_step(tmp_path / "lean", SPEEDUP, autocast=True, **BF16_ON_CPU)
     assert torch.allclose(embedded, expected_embedded, rtol=2e-2, atol=2e-2)
     assert torch.allclose(loss, expected_loss, rtol=2e-2)
     assert_gradients_alike(grads, expected_grads, least_cosine=0.999)
