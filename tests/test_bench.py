@@ -959,18 +959,7 @@ def test_the_product_kernel_configurations_are_each_timed_and_give_the_shipped_o
     out = tmp_path / "configurations.json"
     # 70 rows, K = 40, 50 columns: partial tiles in every dimension; float32, as the interpreter's bf16 dot is wrong
     command = [sys.executable, "-m", "bench.product_kernel_configs", "--rows", "70", "--inner", "40"]
-    command += [
-        "--columns",
-        "50",
-        "--tiles",
-        "32x32x16,16x64x32",
-        "--warps",
-        "4",
-        "--stages",
-        "2",
-        "--saved-first",
-        "0,1",
-    ]
+    command += "--columns 50 --tiles 32x32x16,16x64x32 --warps 4 --stages 2 --saved-first 0,1".split()
     command += ["--dtype", "float32", "--out", str(out)]
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
     printed = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, check=True).stdout

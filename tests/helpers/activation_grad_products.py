@@ -56,7 +56,7 @@ def check_compiles_for_hopper(activation: str, tmp_path: Path) -> None:
     signature |= {name: "i32" for name in ("M", "N", "K")}
     constants = {"BLOCK_M": launch.TILE_M, "BLOCK_N": launch.TILE_N, "BLOCK_K": launch.TILE_K}
     constants |= {"GROUP_M": launch.GROUP_M, "INPUT_PRECISION": "tf32", "ACTIVATION": activation}
-    constants["SAVED_FIRST"] = launch.SAVED_FIRST
+    constants |= {"SAVED_FIRST": launch.SAVED_FIRST}
     signature |= dict.fromkeys(constants, "constexpr")
     # what a launch on Nano's tensors tells Triton: pointers aligned to 16 bytes, N and K multiples of 16 (the
     # decoder's 2,048 and 256, the backbone's 1,536 and 384)
