@@ -1,10 +1,11 @@
 """The reference notebook's training call, unchanged, with the workflow's epoch log (`EpochLog`).
 
 usage: python -m bench.stock_recipe --dataset DIR --output DIR --epochs N [--batch 128] [--workers N]
-           [--resolution N]
+           [--resolution N] [--num-queries N]
 Writes <output>/epochs.jsonl: per epoch train seconds, images/s, validation seconds, peak GPU memory, and every
-step's learning rate and loss. `--workers` and `--resolution` default to the notebook's (min(cores, 16), 384 px);
-the tests set them to compare this call with the train rule's on a tiny set on the CPU.
+step's learning rate and loss. `--workers`, `--resolution` and `--num-queries` default to the notebook's (min(cores,
+16), 384 px, rfdetr's 300 queries a group); the tests set them to compare this call with the train rule's on a tiny set
+on the CPU, whose GPU profile row sets its own query count.
 """
 
 from __future__ import annotations
@@ -28,10 +29,12 @@ def train_like_notebook(
     resolution: int | None = None,
     workers: int | None = None,
     use_te_graphs: bool = False,
+    num_queries: int | None = None,
 ) -> None:
     """The notebook's model and `train()` cell. Arguments left at None keep the notebook's values;
     bench.profile_steps sets `compile` and `cuda_graphs` to profile a variant, the tests `resolution` and `workers`
-    (a resolution is passed to `train()`, as the workflow passes it). `use_te_graphs` is the notebook's
+    (a resolution is passed to `train()`, as the workflow passes it) and `num_queries` (passed to the model, as the
+    workflow passes a profile's). `use_te_graphs` is the notebook's
     USE_TE_GRAPHS: the Transformer Engine FP8 graph route."""
     import pytorch_lightning as pl
     from rfdetr import RFDETRNano
@@ -45,6 +48,7 @@ def train_like_notebook(
         compile=(not use_te_graphs) if compile is None else compile,
         cuda_graphs=(use_te_graphs or batch <= 16) if cuda_graphs is None else cuda_graphs,
         pretrain_weights=None,
+        **({"num_queries": num_queries} if num_queries else {}),
     )
     sized = {"resolution": resolution} if resolution else {}
     with attached(callbacks):
@@ -79,11 +83,19 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--workers", type=int, help="data-loader workers (default: the notebook's min(cores, 16))")
     parser.add_argument("--resolution", type=int, help="input size in pixels (default: the notebook's 384)")
+    parser.add_argument("--num-queries", type=int, help="decoder queries per group (default: rfdetr's 300)")
     args = parser.parse_args()
     args.output.mkdir(parents=True, exist_ok=True)
     callbacks = [StopAtBlockEnd(args.epochs), EpochLog(args.output / "epochs.jsonl")]
     train_like_notebook(
-        args.dataset, args.output, args.epochs, args.batch, callbacks, resolution=args.resolution, workers=args.workers
+        args.dataset,
+        args.output,
+        args.epochs,
+        args.batch,
+        callbacks,
+        resolution=args.resolution,
+        workers=args.workers,
+        num_queries=args.num_queries,
     )
 
 

@@ -83,6 +83,8 @@ def test_the_profile_and_rfdetr_shape_the_recipe_and_how_to_run_settings_do_not(
     base = recipe_id(run_recipe(recipe(), PROFILE, "1.11.2"))
     assert recipe_id(run_recipe(recipe(), PROFILE.model_copy(update={"batch_size": 64}), "1.11.2")) != base
     assert recipe_id(run_recipe(recipe(), PROFILE.model_copy(update={"precision": "fp8"}), "1.11.2")) != base
+    assert recipe_id(run_recipe(recipe(), PROFILE.model_copy(update={"num_queries": 30}), "1.11.2")) != base
+    assert "num_queries" not in run_recipe(recipe(), PROFILE, "1.11.2")  # a row without it keeps its runs' ids
     assert recipe_id(run_recipe(recipe(), PROFILE, "1.12.0")) != base
     assert recipe_id(run_recipe(recipe(), PROFILE.model_copy(update={"compile": False}), "1.11.2")) == base
     how_to_run = {"max_workers": 4, "profile": "h100", "speedups": "none", "host_threads": 0, "loader_niceness": 0}

@@ -160,6 +160,9 @@ class GpuProfile(Section):
     precision: Literal["bf16", "fp16", "fp8", "fp32"]
     compile: bool
     cuda_graphs: bool
+    # Decoder queries per group. None: rfdetr's own (the notebook's 300). Smaller only on the CPU row, whose smoke runs
+    # then take a fraction of the time: the decoder's 13 groups of queries are most of a CPU step.
+    num_queries: int | None = None
 
 
 class Paths(Section):

@@ -1,8 +1,8 @@
 """The recipe a run is trained with, and the id that names the run by it.
 
 `run_recipe` joins the configured recipe (`Settings.recipe`) with what the route adds to it: the GPU profile's batch
-size and precision, the rfdetr version, the learning rates scaled for the GPU count. `recipe_id` hashes it: a run's
-state folder is named by it, and checkpoints resume only under an equal recipe.
+size, precision and model settings, the rfdetr version, the learning rates scaled for the GPU count. `recipe_id`
+hashes it: a run's state folder is named by it, and checkpoints resume only under an equal recipe.
 """
 
 from __future__ import annotations
@@ -35,7 +35,14 @@ def run_recipe(recipe: Recipe, profile: GpuProfile, rfdetr: str) -> dict[str, An
         **{key: values[key] * recipe.lr_scale for key in SCALED_BY_GPUS},
         "batch_size": profile.batch_size,
         "precision": profile.precision,
+        **model_settings(profile),
     }
+
+
+def model_settings(profile: GpuProfile) -> dict[str, Any]:
+    """The profile's settings of rfdetr's model, for `RFDETRNano(...)` and the recipe: only those a row sets, so that
+    the rows that keep rfdetr's model keep the recipe ids of runs made before the settings existed."""
+    return {"num_queries": profile.num_queries} if profile.num_queries is not None else {}
 
 
 def nodes_of(recipe: Mapping[str, Any]) -> int:

@@ -25,7 +25,7 @@ from rfdetr_coco_pipeline.training.callbacks.block_end import StopAtBlockEnd
 from rfdetr_coco_pipeline.training.callbacks.epoch_log import EpochLog
 from rfdetr_coco_pipeline.training.callbacks.finite_loss import StopOnNonFiniteLoss
 from rfdetr_coco_pipeline.training.fp8 import last_batch_off_the_rule
-from rfdetr_coco_pipeline.training.recipe import nodes_of
+from rfdetr_coco_pipeline.training.recipe import model_settings, nodes_of
 from rfdetr_coco_pipeline.training.route import Route
 
 AMP_DTYPE = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "fp32": None}  # profile precision -> train(amp_dtype=)
@@ -208,7 +208,9 @@ def run_rfdetr(settings: Settings, route: Route, kwargs: dict[str, Any], end: in
     # rfdetr seeds inside train(), after the model is built: seed first so that the random initialisation is
     # reproducible too.
     pl.seed_everything(settings.recipe.seed, workers=True)
-    model = RFDETRNano(pretrain_weights=None, compile=profile.compile, cuda_graphs=profile.cuda_graphs)
+    model = RFDETRNano(
+        pretrain_weights=None, compile=profile.compile, cuda_graphs=profile.cuda_graphs, **model_settings(profile)
+    )
     epoch_log = EpochLog(Path(kwargs["output_dir"]) / "epochs.jsonl")
     workflow_callbacks = [StopOnNonFiniteLoss(), StopAtBlockEnd(end), epoch_log]
     # The always-on hooks pass the gate before any speedup is in place: a speedup that wraps one of their targets
