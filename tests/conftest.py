@@ -15,14 +15,14 @@ from tests.helpers.archive_server import ArchiveServer
 from tests.helpers.tiny_coco import make_archives, make_dataset
 from tests.helpers.workflow import tiny_config, write_config
 
-# Two xdist workers each run a workflow whose training takes every core: torch's OpenMP threads then busy-wait on
-# cores the other worker's threads need. Passive waiting (inherited by snakemake, its jobs and SLURM's) about halves
+# The xdist workers each run a workflow whose training takes every core: torch's OpenMP threads then busy-wait on
+# cores the other workers' threads need. Passive waiting (inherited by snakemake, its jobs and SLURM's) about halves
 # the time of two workflow tests run side by side (CHANGELOG); set OMP_WAIT_POLICY yourself to override it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-# The files that run the workflow, longest first (about 6, 3.5 and 3 minutes alone on 2 cores): with the two
-# pytest-xdist workers of pyproject.toml, each taking whole files in this order, they start at once and the short
-# files fill in behind them, rather than one of them starting last while the other worker has nothing left to do.
+# The files that run the workflow, longest first: with the three pytest-xdist workers of pyproject.toml, each
+# taking whole files in this order, the three longest start at once and the short files fill in behind them, rather
+# than one of them starting last while the other workers have nothing left to do.
 LONGEST_FILES = ["test_faults.py", "test_slurm.py", "test_pipeline.py", "test_shared_machine.py", "test_hook_gate.py"]
 
 
