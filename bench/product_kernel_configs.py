@@ -1,16 +1,14 @@
-"""The Triton product of the feed-forward backward speedups (`feed_forward_products.activation_grad_product`) at each
-tile, warps and stages, against what it replaces (cuBLAS's product, then the activation's backward as a pass of its
-own): microseconds a call, the product's TFLOPS, and how far each configuration's output is from the shipped one's.
+"""The Triton product of `decoder_relu_mask_in_the_product` (`feed_forward_products.masked_product`) at each tile,
+warps and stages, against what it replaces (cuBLAS's product, then ReLU's mask as a pass of its own): microseconds a
+call, the product's TFLOPS, and how far each configuration's output is from the shipped one's.
 
-usage: python -m bench.product_kernel_configs [--activations relu,gelu] [--tiles 128x128x64,128x256x64,...]
-           [--warps 4,8] [--stages 3,4] [--saved-first 0,1] [--rows N --inner K --columns N]
-           [--dtype bfloat16|float32] [--out FILE.json]
+usage: python -m bench.product_kernel_configs [--tiles 128x128x64,128x256x64,...] [--warps 4,8] [--stages 3,4]
+           [--saved-first 0,1] [--rows N] [--inner K] [--columns N] [--dtype bfloat16|float32] [--out FILE.json]
 
-The shapes default to Nano's at 128 images of 384 px: ReLU, the decoder's 499,200 query rows (3,900 a image), from
-the 256-wide gradient to the 2,048-wide hidden one; GELU, the backbone's 74,240 token rows (four windows of 12 x 12
-patches and a class token a image), from 384 to 1,536. `--rows`, `--inner` and `--columns` set one shape for every
-activation. Tiles are BLOCK_M x BLOCK_N x BLOCK_K, powers of two (Triton's ranges are); `--saved-first 1` reads the
-saved activation's tile before the product's loop, 0 after it.
+The shape defaults to Nano's at 128 images of 384 px: the decoder's 499,200 query rows (3,900 a image), from the
+256-wide gradient to the 2,048-wide hidden one; `--rows`, `--inner` and `--columns` change it. Tiles are BLOCK_M x
+BLOCK_N x BLOCK_K, powers of two (Triton's ranges are); `--saved-first 1` reads the saved activation's tile before the
+product's loop, 0 after it.
 
 On the GPU each call is timed by Triton's `do_bench`; on the CPU (Triton's interpreter, with TRITON_INTERPRET=1) by
 the clock, which only shows that the tool runs. A configuration Triton cannot build (too much shared memory) is kept
@@ -32,35 +30,31 @@ from torch import Tensor
 from bench.norm_kernel_configs import microseconds, numbers
 
 FIELDS = ("block_m", "block_n", "block_k", "warps", "stages", "saved_first")
-# rows, inner, columns of Nano's two feed-forward backward products at 128 images of 384 px
-NANO_SHAPES = {"relu": (128 * 3900, 256, 2048), "gelu": (128 * 4 * (12 * 12 + 1), 384, 1536)}
+# rows, inner, columns of the decoder's feed-forward backward product at 128 images of 384 px
+NANO_SHAPE = (128 * 3900, 256, 2048)
 
 
 def tiles(value: str) -> list[tuple[int, int, int]]:
     return [tuple(int(side) for side in tile.split("x")) for tile in value.split(",")]  # type: ignore[misc]
 
 
-def inputs(activation: str, shape: tuple[int, int, int], dtype: torch.dtype, device: torch.device) -> tuple:
+def inputs(shape: tuple[int, int, int], dtype: torch.dtype, device: torch.device) -> tuple:
     """a (rows, inner): the output's gradient; b (inner, columns): the second product's weight as the backward
-    reads it; saved (rows, columns): ReLU's output or GELU's input."""
+    reads it; saved (rows, columns): ReLU's output."""
     rows, inner, columns = shape
     generator = torch.Generator(device=device).manual_seed(0)
     a = torch.randn(rows, inner, generator=generator, device=device).to(dtype)
     b = (torch.randn(inner, columns, generator=generator, device=device) / inner**0.5).to(dtype)
     saved = torch.randn(rows, columns, generator=generator, device=device)
-    return a, b, (torch.relu(saved) if activation == "relu" else saved).to(dtype)
+    return a, b, torch.relu(saved).to(dtype)
 
 
-def replaced(activation: str, a: Tensor, b: Tensor, saved: Tensor) -> Tensor:
-    """What the kernel replaces: cuBLAS's product, then the activation's backward in a pass of its own."""
-    product = a @ b
-    if activation == "relu":
-        return product * (saved > 0)
-    return torch.ops.aten.gelu_backward(product, saved)
+def replaced(a: Tensor, b: Tensor, saved: Tensor) -> Tensor:
+    """What the kernel replaces: cuBLAS's product, then ReLU's mask in a pass of its own."""
+    return (a @ b) * (saved > 0)
 
 
 def measure(
-    activation: str,
     shape: tuple[int, int, int],
     tile_list: list[tuple[int, int, int]],
     warps: list[int],
@@ -72,13 +66,13 @@ def measure(
     from rfdetr_coco_pipeline.hooks.patches import feed_forward_products as products
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    a, b, saved = inputs(activation, shape, dtype, device)
+    a, b, saved = inputs(shape, dtype, device)
     flop = 2 * shape[0] * shape[1] * shape[2]
     names = ("TILE_M", "TILE_N", "TILE_K", "WARPS", "STAGES", "SAVED_FIRST")
     shipped = tuple(getattr(products, name) for name in names)
 
     def run() -> Tensor:
-        return products.activation_grad_product(a, b, saved, activation)
+        return products.masked_product(a, b, saved)
 
     reference = run().float()
     records = []
@@ -99,9 +93,8 @@ def measure(
     finally:
         for name, value in zip(names, shipped, strict=True):
             setattr(products, name, value)
-    replaced_us = microseconds(lambda: replaced(activation, a, b, saved), device)
+    replaced_us = microseconds(lambda: replaced(a, b, saved), device)
     return {
-        "activation": activation,
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
         "dtype": str(dtype).removeprefix("torch."),
         "rows": shape[0],
@@ -115,7 +108,6 @@ def measure(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--activations", default="relu,gelu")
     parser.add_argument("--tiles", type=tiles, default=tiles("128x128x64,128x256x64,256x128x64,64x256x64,128x128x32"))
     parser.add_argument("--warps", type=numbers, default=[4, 8])
     parser.add_argument("--stages", type=numbers, default=[3, 4])
@@ -126,29 +118,22 @@ def main() -> None:
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    results = []
-    for activation in args.activations.split(","):
-        shape = NANO_SHAPES[activation]
-        shape = (args.rows or shape[0], args.inner or shape[1], args.columns or shape[2])
-        result = measure(
-            activation, shape, args.tiles, args.warps, args.stages, args.saved_first, getattr(torch, args.dtype)
-        )
-        results.append(result)
-        print(
-            f"{activation}: ({result['rows']} x {result['inner']}) @ ({result['inner']} x {result['columns']}) on "
-            f"{result['device']}; cuBLAS and the activation's pass: {result['replaced_us']:.1f} us; "
-            f"shipped: {result['shipped']}"
-        )
-        for record in result["configurations"]:
-            tile = f"{record['block_m']}x{record['block_n']}x{record['block_k']}"
-            label = f"{tile:11s} warps {record['warps']} stages {record['stages']}"
-            label += " saved first" if record["saved_first"] else " saved after"
-            if "error" in record:
-                print(f"  {label}  {record['error']}")
-                continue
-            print(f"  {label}  {record['us']:9.1f} us  {record['tflops']:6.1f} TFLOPS  apart {record['apart']:.1e}")
+    shape = (args.rows or NANO_SHAPE[0], args.inner or NANO_SHAPE[1], args.columns or NANO_SHAPE[2])
+    result = measure(shape, args.tiles, args.warps, args.stages, args.saved_first, getattr(torch, args.dtype))
+    print(
+        f"({result['rows']} x {result['inner']}) @ ({result['inner']} x {result['columns']}) on {result['device']}; "
+        f"cuBLAS and the mask's pass: {result['replaced_us']:.1f} us; shipped: {result['shipped']}"
+    )
+    for record in result["configurations"]:
+        tile = f"{record['block_m']}x{record['block_n']}x{record['block_k']}"
+        label = f"{tile:11s} warps {record['warps']} stages {record['stages']}"
+        label += " saved first" if record["saved_first"] else " saved after"
+        if "error" in record:
+            print(f"  {label}  {record['error']}")
+            continue
+        print(f"  {label}  {record['us']:9.1f} us  {record['tflops']:6.1f} TFLOPS  apart {record['apart']:.1e}")
     if args.out:
-        args.out.write_text(json.dumps(results, indent=1) + "\n")
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -25,15 +25,14 @@ BACKWARD = "FeedForwardReLUBackward"  # the autograd function whose backward run
 
 def test_in_tritons_interpreter_the_product_is_torchs_masked():
     in_the_interpreter(
-        "import torch; from tests.helpers.activation_grad_products import check_product; "
-        "check_product('relu', torch.float32)"
+        "import torch; from tests.helpers.activation_grad_products import check_product; check_product(torch.float32)"
     )
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_on_the_gpu_the_product_is_torchs_masked(dtype):
-    check_product("relu", dtype, "cuda")
+    check_product(dtype, "cuda")
 
 
 def check_nano_step(tmp_path: str) -> None:
@@ -61,4 +60,4 @@ def test_without_the_kernel_the_step_is_decoder_relu_in_the_products(tmp_path):
 
 def test_the_kernel_compiles_for_hopper_on_the_tensor_cores_without_register_spills(tmp_path):
     pytest.importorskip("triton", reason="Triton comes with torch's Linux wheels")
-    check_compiles_for_hopper("relu", tmp_path)
+    check_compiles_for_hopper(tmp_path)

@@ -74,8 +74,6 @@ SPEEDUP_TESTS = {
     "test_in_tritons_interpreter_a_nano_training_step_gives_rfdetrs_loss_and_gradients",
     "decoder_attention_on_views": "tests/test_decoder_layer.py::test_each_lean_part_gives_rfdetrs_loss_and_gradients",
     "decoder_relu_in_the_product": "tests/test_decoder_layer.py::test_each_lean_part_gives_rfdetrs_loss_and_gradients",
-    "backbone_gelu_grad_in_the_product": "tests/test_backbone_gelu_grad_in_the_product.py::"
-    "test_in_tritons_interpreter_a_nano_training_step_gives_rfdetrs_loss_and_gradients",
     "decoder_relu_mask_in_the_product": "tests/test_decoder_relu_mask_in_the_product.py::"
     "test_in_tritons_interpreter_a_nano_training_step_gives_rfdetrs_loss_and_gradients",
     "sine_embedding_in_one_stack": "tests/test_sine_embedding_in_one_stack.py::"
@@ -108,7 +106,7 @@ SPEEDUP_TESTS = {
 
 
 def test_the_registry_names_each_speedup_once_with_a_test_that_exists():
-    assert len(NAMES) == len(set(NAMES)) == 33
+    assert len(NAMES) == len(set(NAMES)) == 32
     assert set(SPEEDUP_TESTS) == set(NAMES)
     for speedup in SPEEDUPS:
         file, _, test = SPEEDUP_TESTS[speedup.name].partition("::")
@@ -172,13 +170,12 @@ def test_without_triton_auto_leaves_the_triton_speedups_off_and_all_refuses(monk
     assert needs_triton == [
         "deformable_sampling",
         "backbone_norm_backward_in_one_pass",
-        "backbone_gelu_grad_in_the_product",  # only when named: auto leaves it off for that reason first
         "decoder_relu_mask_in_the_product",
     ]
     monkeypatch.setitem(sys.modules, "triton", None)  # as in a Python where triton does not import
     auto = select_speedups("auto", CHECKED_RFDETR)
     assert auto.names() == [name for name in BY_DEFAULT if name not in needs_triton]
-    for name in needs_triton[:2] + needs_triton[3:]:
+    for name in needs_triton:
         assert f"Speedup left off: {name}: needs triton, which this Python cannot import" in auto.report()
     for setting in ("all", ["gc_freeze", "deformable_sampling"]):
         with pytest.raises(
@@ -207,8 +204,7 @@ def test_on_the_cpu_auto_leaves_the_gpu_only_speedups_off_and_all_applies_them()
 
 
 def test_a_speedup_only_when_named_applies_only_where_a_list_names_it_and_auto_and_all_say_why():
-    # resize_in_torch: its values are not rfdetr's; backbone_gelu_grad_in_the_product: its gain is unmeasured
-    only_when_named = ["resize_in_torch", "backbone_gelu_grad_in_the_product"]
+    only_when_named = ["resize_in_torch"]  # its values are not rfdetr's
     assert [speedup.name for speedup in SPEEDUPS if speedup.only_when_named] == only_when_named
     assert set(NAMES) - set(BY_DEFAULT) == set(only_when_named)
     for setting in ("auto", "all"):
@@ -226,7 +222,6 @@ def test_a_speedup_only_when_named_applies_only_where_a_list_names_it_and_auto_a
     with pytest.raises(SpeedupError, match=r"asks for every speedup, resize_in_torch, .* rfdetr 1\.12\.0"):
         select_speedups(["all", "resize_in_torch"], "1.12.0")
     assert "**Only when named:** not rfdetr's values (torch's resize rounds differently" in markdown_table()
-    assert "**Only when named:** its gain is not yet measured" in markdown_table()
 
 
 def test_none_applies_nothing_and_unknown_names_are_refused():

@@ -1,5 +1,5 @@
-"""Checks shared by the tests of the two speedups whose backward runs `activation_grad_product_kernels`: ReLU's mask
-(the decoder) and GELU's derivative (the backbone)."""
+"""Checks of the Triton product `decoder_relu_mask_in_the_product`'s backward runs (`activation_grad_product_kernels`):
+the product against torch's, its Hopper build, and Nano steps with and without it."""
 
 from __future__ import annotations
 
@@ -12,24 +12,18 @@ from tests.helpers.hopper_kernels import assert_no_register_spills, compile_for_
 from tests.helpers.rfdetr_steps import nano_and_batch, nano_training_step
 
 
-def check_product(activation: str, dtype: torch.dtype, device: str = "cpu") -> None:
-    """The custom op of `activation` ("relu" or "gelu") against torch's product through the activation's own
-    backward, on rows, columns and an inner dimension that are not whole tiles (K = 250), with a transposed
-    (strided) first input: within the rounding of `dtype`; for ReLU, zero exactly where it was off."""
-    from rfdetr_coco_pipeline.hooks.patches.feed_forward_products import gelu_grad_product, relu_masked_product
+def check_product(dtype: torch.dtype, device: str = "cpu") -> None:
+    """The custom op against torch's product masked where ReLU was off, on rows, columns and an inner dimension that
+    are not whole tiles (K = 250), with a transposed (strided) first input: within the rounding of `dtype`, and zero
+    exactly where the ReLU was off."""
+    from rfdetr_coco_pipeline.hooks.patches.feed_forward_products import relu_masked_product
 
     generator = torch.Generator().manual_seed(0)
     a = torch.randn(250, 200, generator=generator).to(dtype).t().to(device)  # (200, 250), not contiguous
     b = torch.randn(250, 300, generator=generator).to(dtype).to(device)
-    saved = torch.randn(200, 300, generator=generator)
-    product = a.float() @ b.float()
-    if activation == "relu":
-        saved = torch.relu(saved).to(dtype).to(device)  # ReLU's output
-        expected, found = product * (saved > 0), relu_masked_product(a, b, saved)
-        assert torch.equal(found == 0, expected == 0)  # zero exactly where the ReLU was off (and where the sum is 0)
-    else:
-        saved = (3 * saved).to(dtype).to(device)  # GELU's input, over its curved part
-        expected, found = torch.ops.aten.gelu_backward(product, saved.float()), gelu_grad_product(a, b, saved)
+    saved = torch.relu(torch.randn(200, 300, generator=generator)).to(dtype).to(device)  # ReLU's output
+    expected, found = (a.float() @ b.float()) * (saved > 0), relu_masked_product(a, b, saved)
+    assert torch.equal(found == 0, expected == 0)  # zero exactly where the ReLU was off (and where the sum is 0)
     assert found.dtype == dtype and found.shape == (200, 300)
     tolerance = 1e-2 if dtype == torch.bfloat16 else 1e-5
     assert (found.float() - expected).abs().max() <= tolerance * expected.abs().max()
@@ -45,8 +39,8 @@ def nano_step_with_backward_calls(tmp_path: Path, speedups: list[str], backward:
     return loss, grads, calls
 
 
-def check_compiles_for_hopper(activation: str, tmp_path: Path) -> None:
-    """Triton compiles the bf16 kernel of `activation` for sm_90a (H100, H200) on any machine at the launch's tiles,
+def check_compiles_for_hopper(tmp_path: Path) -> None:
+    """Triton compiles the bf16 kernel for sm_90a (H100, H200) on any machine at the launch's tiles,
     warps, stages and saved tile's place: its product is Hopper's warpgroup matrix instruction (`wgmma`), and ptxas
     (Triton's own) spills no registers."""
     from rfdetr_coco_pipeline.hooks.patches import feed_forward_products as launch
@@ -55,11 +49,11 @@ def check_compiles_for_hopper(activation: str, tmp_path: Path) -> None:
     signature = {name: "*bf16" for name in ("a_ptr", "b_ptr", "saved_ptr", "c_ptr")}
     signature |= {name: "i32" for name in ("M", "N", "K")}
     constants = {"BLOCK_M": launch.TILE_M, "BLOCK_N": launch.TILE_N, "BLOCK_K": launch.TILE_K}
-    constants |= {"GROUP_M": launch.GROUP_M, "INPUT_PRECISION": "tf32", "ACTIVATION": activation}
+    constants |= {"GROUP_M": launch.GROUP_M, "INPUT_PRECISION": "tf32"}
     constants |= {"SAVED_FIRST": launch.SAVED_FIRST}
     signature |= dict.fromkeys(constants, "constexpr")
     # what a launch on Nano's tensors tells Triton: pointers aligned to 16 bytes, N and K multiples of 16 (the
-    # decoder's 2,048 and 256, the backbone's 1,536 and 384)
+    # decoder's 2,048 and 256)
     aligned = ("a_ptr", "b_ptr", "saved_ptr", "c_ptr", "N", "K")
     divisible = {(list(signature).index(name),): [["tt.divisibility", 16]] for name in aligned}
     options = {"num_warps": launch.WARPS, "num_stages": launch.STAGES}

@@ -237,16 +237,6 @@ SPEEDUPS: tuple[Speedup, ...] = (
         gpu_only=True,  # its kernel runs on CUDA only (the tests run it in Triton's interpreter)
     ),
     _patch(
-        "backbone_gelu_grad_in_the_product",
-        (f"{BACKBONE}:Dinov2WithRegistersMLP.forward",),
-        "in training the backbone's feed-forward backward applies GELU's derivative in the Triton product that makes "
-        "the gradient it multiplies, not in a pass of its own (needs Triton)",
-        reads=(f"{BACKBONE}:Dinov2WithRegistersMLP.__init__",),
-        needs=("triton",),
-        gpu_only=True,  # its kernel runs on CUDA only (the tests run it in Triton's interpreter)
-        only_when_named="its gain is not yet measured",
-    ),
-    _patch(
         "decoder_attention_on_views",
         (DECODER_LAYER_FORWARD,),
         "in training the decoder's grouped self-attention works on views of the queries: no regrouping copies",

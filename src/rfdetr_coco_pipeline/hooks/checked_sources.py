@@ -67,6 +67,4 @@ CHECKED: dict[str, tuple[str, ...]] = {
     "pytorch_lightning.loops.training_epoch_loop:_TrainingEpochLoop._broadcast_sigterm_tensor": ("d4e504c3f7d8",),
     "pytorch_lightning.loops.training_epoch_loop:_TrainingEpochLoop.advance": ("c7555c016027",),
     "pytorch_lightning.loops.training_epoch_loop:_TrainingEpochLoop.on_advance_end": ("2d1ddaa4e45e",),
-    "rfdetr.models.backbone.dinov2_with_windowed_attn:Dinov2WithRegistersMLP.forward": ("10fb83788974",),
-    "rfdetr.models.backbone.dinov2_with_windowed_attn:Dinov2WithRegistersMLP.__init__": ("7cb6257426e0",),
 }

@@ -1,24 +1,17 @@
-"""The Triton kernel of the feed-forward backward speedups: the product a @ b with an activation's backward applied as
-it is written, for contiguous row-major a (M, K), b (K, N), saved and c (M, N):
-
-- ACTIVATION "relu" (`decoder_relu_mask_in_the_product`): c = (a @ b) where saved > 0, else 0; saved is ReLU's
-  output (or its input: the sign is the same);
-- ACTIVATION "gelu" (`backbone_gelu_grad_in_the_product`): c = (a @ b) * gelu'(saved), saved being GELU's input and
-  gelu the exact one, x * Phi(x): gelu'(x) = Phi(x) + x * phi(x).
+"""The Triton kernel of `decoder_relu_mask_in_the_product`: the product a @ b with ReLU's backward applied as it is
+written, for contiguous row-major a (M, K), b (K, N), saved and c (M, N): c = (a @ b) where saved > 0, else 0; saved
+is ReLU's output (or its input: the sign is the same).
 
 Imported only where the kernel runs (a GPU, or Triton's interpreter in the tests).
 
 Each program computes one BLOCK_M x BLOCK_N tile of c, accumulating in float32 over K, reads the same tile of saved
 and writes the tile in c's dtype. With SAVED_FIRST it asks for saved's tile before the product's loop, so that the
-read overlaps the product (K is short: 256 or 384) at the cost of the registers that hold it meanwhile. Programs run
+read overlaps the product (K is short: 256) at the cost of the registers that hold it meanwhile. Programs run
 in groups of GROUP_M tile rows, so the tiles of a's rows that neighbouring programs read are still in the L2 cache.
 """
 
 import triton
 import triton.language as tl
-
-SQRT_HALF = tl.constexpr(0.7071067811865476)  # 1 / sqrt(2): Phi(x) = (1 + erf(x / sqrt(2))) / 2
-INV_SQRT_TAU = tl.constexpr(0.3989422804014327)  # 1 / sqrt(2 pi): phi(x) = exp(-x^2 / 2) / sqrt(2 pi)
 
 
 @triton.jit
@@ -35,7 +28,6 @@ def activation_grad_product_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
-    ACTIVATION: tl.constexpr,
     SAVED_FIRST: tl.constexpr,
 ):
     program = tl.program_id(0)
@@ -71,9 +63,5 @@ def activation_grad_product_kernel(
         acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
     if not SAVED_FIRST:
         saved = tl.load(saved_ptr + at, mask=inside)
-    if ACTIVATION == "relu":
-        result = tl.where(saved > 0, acc, 0.0)
-    else:
-        x = saved.to(tl.float32)
-        result = acc * (0.5 * (1.0 + tl.erf(x * SQRT_HALF)) + x * INV_SQRT_TAU * tl.exp(-0.5 * x * x))
+    result = tl.where(saved > 0, acc, 0.0)
     tl.store(c_ptr + at, result.to(c_ptr.dtype.element_ty), mask=inside)

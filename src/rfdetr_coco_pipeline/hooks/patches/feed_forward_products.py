@@ -1,18 +1,16 @@
-"""Feed-forward blocks, linear2(act(linear1(x))), whose backward applies the activation's derivative in the Triton
+"""The decoder's feed-forward block, linear2(relu(linear1(x))), whose backward applies ReLU's mask in the Triton
 product that makes the hidden activation's gradient (`activation_grad_product_kernels`), and the pieces that the
-decoder layer's ReLU products share with them.
+decoder layer's ReLU products share with it.
 
 Backward, the hidden activation's gradient is the second product's input gradient: (rows, hidden width), 2 GB in
 bf16 for the decoder's 3,900 queries at batch 128. cuBLAS writes it and a second kernel reads it again, with the
-activation, to apply the activation's derivative. Here one autograd function holds both products and its backward
-makes that gradient in one Triton kernel that applies the derivative to each tile as it writes it: ReLU's mask for
-the decoder (`FeedForwardReLU`), exact GELU's derivative for the backbone (`FeedForwardGELU`). The first product's
-weight and bias gradients come out of one product (`weight_and_bias_gradients`). The kernel runs on CUDA, or on the
-CPU under Triton's interpreter (`TRITON_INTERPRET=1`, the tests).
+activation, to apply ReLU's mask. Here one autograd function (`FeedForwardReLU`) holds both products and its
+backward makes that gradient in one Triton kernel that applies the mask to each tile as it writes it. The first
+product's weight and bias gradients come out of one product (`weight_and_bias_gradients`). The kernel runs on CUDA,
+or on the CPU under Triton's interpreter (`TRITON_INTERPRET=1`, the tests).
 
 Guarantees: the block's output is the one torch computes from the same products, and every gradient equals torch's
-up to floating-point rounding (the hidden gradient is not rounded to the activation's dtype before the derivative
-multiplies it).
+up to floating-point rounding (the hidden gradient is not rounded to the activation's dtype before the mask applies).
 """
 
 from __future__ import annotations
@@ -20,7 +18,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 # a 128 x 128 tile of the hidden gradient a program, 64 of the inner dimension at a time, on 8 warps; the saved
@@ -49,9 +46,9 @@ def in_autocast_dtype(function: Any, x: Tensor, *parameters: Tensor) -> Tensor:
     return out.view(*x.shape[:-1], -1)
 
 
-def activation_grad_product(a: Tensor, b: Tensor, saved: Tensor, activation: str) -> Tensor:
-    """(a @ b) with `activation`'s backward applied ("relu": zero where saved <= 0; "gelu": times gelu'(saved)), in
-    a's dtype, for 2-D a (M, K), b (K, N) and saved (M, N), in one Triton kernel."""
+def masked_product(a: Tensor, b: Tensor, saved: Tensor) -> Tensor:
+    """(a @ b) with ReLU's backward applied (zero where saved <= 0), in a's dtype, for 2-D a (M, K), b (K, N) and
+    saved (M, N), in one Triton kernel."""
     from rfdetr_coco_pipeline.hooks.patches.activation_grad_product_kernels import activation_grad_product_kernel
 
     a, b, saved = a.contiguous(), b.contiguous(), saved.contiguous()  # the kernel reads rows of each
@@ -62,7 +59,7 @@ def activation_grad_product(a: Tensor, b: Tensor, saved: Tensor, activation: str
         a, b, saved, result, rows, columns, inner,
         BLOCK_M=TILE_M, BLOCK_N=TILE_N, BLOCK_K=TILE_K, GROUP_M=GROUP_M,
         # float32 products as torch computes them by default (no TF32)
-        INPUT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32", ACTIVATION=activation,
+        INPUT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
         SAVED_FIRST=SAVED_FIRST, num_warps=WARPS, num_stages=STAGES,
     )  # fmt: skip
     return result
@@ -71,18 +68,11 @@ def activation_grad_product(a: Tensor, b: Tensor, saved: Tensor, activation: str
 # custom ops, so that torch.compile keeps the kernel in the compiled graph and CUDA graphs can record it
 @torch.library.custom_op("rfdetr_pipeline::relu_masked_product", mutates_args=())
 def relu_masked_product(a: Tensor, b: Tensor, relu_out: Tensor) -> Tensor:
-    """(a @ b) where relu_out > 0, else 0, in a's dtype (`activation_grad_product`)."""
-    return activation_grad_product(a, b, relu_out, "relu")
-
-
-@torch.library.custom_op("rfdetr_pipeline::gelu_grad_product", mutates_args=())
-def gelu_grad_product(a: Tensor, b: Tensor, gelu_in: Tensor) -> Tensor:
-    """(a @ b) times the exact GELU's derivative at gelu_in, in a's dtype (`activation_grad_product`)."""
-    return activation_grad_product(a, b, gelu_in, "gelu")
+    """(a @ b) where relu_out > 0, else 0, in a's dtype (`masked_product`)."""
+    return masked_product(a, b, relu_out)
 
 
 @relu_masked_product.register_fake
-@gelu_grad_product.register_fake
 def _(a, b, saved):  # noqa: ANN001, ANN202
     return a.new_empty((a.shape[0], b.shape[1]))
 
@@ -104,26 +94,7 @@ class FeedForwardReLU(torch.autograd.Function):
         return grad_hidden @ weight1, *weight_and_bias_gradients(grad_hidden, x), grad.t() @ hidden, grad.sum(0)
 
 
-class FeedForwardGELU(torch.autograd.Function):
-    """gelu(x @ weight1.T + bias1) @ weight2.T + bias2 for 2-D `x`, GELU exact (erf); backward, the gradient of
-    GELU's input comes out of `gelu_grad_product`. It keeps GELU's input (for its derivative) and output (for the
-    second product's weight gradient), as autograd of rfdetr's block does."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, weight1: Tensor, bias1: Tensor, weight2: Tensor, bias2: Tensor) -> Tensor:
-        before = torch.addmm(bias1, x, weight1.t())
-        hidden = F.gelu(before)
-        ctx.save_for_backward(x, weight1, before, hidden, weight2)
-        return torch.addmm(bias2, hidden, weight2.t())
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-        x, weight1, before, hidden, weight2 = ctx.saved_tensors
-        grad_before = gelu_grad_product(grad, weight2, before)
-        return grad_before @ weight1, *weight_and_bias_gradients(grad_before, x), grad.t() @ hidden, grad.sum(0)
-
-
 def feed_forward(function: type[torch.autograd.Function], linear1: nn.Linear, linear2: nn.Linear, x: Tensor) -> Tensor:
-    """linear2(act(linear1(x))) through `function` (`FeedForwardReLU` or `FeedForwardGELU`); under autocast the
-    inputs are cast as autocast casts a linear layer's."""
+    """linear2(act(linear1(x))) through `function` (`FeedForwardReLU`); under autocast the inputs are cast as
+    autocast casts a linear layer's."""
     return in_autocast_dtype(function, x, linear1.weight, linear1.bias, linear2.weight, linear2.bias)
