@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from bench.block_timing import Timer, side_by_side, side_by_side_main
 from rfdetr_coco_pipeline.hooks.patches.decoder_layer import LinearReLU, linear_relu
-from rfdetr_coco_pipeline.hooks.patches.feed_forward_products import FeedForwardReLU, feed_forward
+from rfdetr_coco_pipeline.hooks.patches.feed_forward_products import relu_feed_forward
 
 QUERIES, WIDTH, HIDDEN, LAYERS = 3900, 256, 2048, 2  # rfdetr Nano in training
 
@@ -69,7 +69,7 @@ def relu_epilogue_block(layer: nn.Module, tgt: Tensor) -> Tensor:
 def relu_mask_in_product_block(layer: nn.Module, tgt: Tensor) -> Tensor:
     """`relu_epilogue_block` with both products in `FeedForwardReLU`: backward, ReLU's mask in the Triton product
     that makes the hidden activation's gradient (on CUDA, or under Triton's interpreter)."""
-    return layer.norm3(tgt + feed_forward(FeedForwardReLU, layer.linear1, layer.linear2, tgt))
+    return layer.norm3(tgt + relu_feed_forward(layer.linear1, layer.linear2, tgt))
 
 
 class FeedForward(nn.Module):

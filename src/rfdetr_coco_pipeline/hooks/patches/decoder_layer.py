@@ -38,9 +38,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rfdetr_coco_pipeline.hooks.patches.feed_forward_products import (
-    FeedForwardReLU,
-    feed_forward,
     in_autocast_dtype,
+    relu_feed_forward,
     weight_and_bias_gradients,
 )
 from rfdetr_coco_pipeline.hooks.patching import patch_rfdetr, triton_kernels_run_on
@@ -119,7 +118,7 @@ def _plain_attention(attention: nn.Module) -> bool:
     )
 
 
-def _relu_feed_forward(layer: nn.Module) -> bool:
+def _has_relu_feed_forward(layer: nn.Module) -> bool:
     return layer.activation is F.relu and type(layer.linear1) is nn.Linear and layer.linear1.bias is not None
 
 
@@ -181,9 +180,9 @@ def lean_forward_post(original: Callable[..., Any]) -> Callable[..., Any]:
             input_spatial_shapes_hw=spatial_shapes_hw,
         )
         tgt = self.norm2(tgt + self.dropout2(tgt2))
-        if RELU_IN_PRODUCT in _parts_on and _relu_feed_forward(self):
+        if RELU_IN_PRODUCT in _parts_on and _has_relu_feed_forward(self):
             if _mask_in_product(self, tgt):
-                tgt2 = feed_forward(FeedForwardReLU, self.linear1, self.linear2, tgt)
+                tgt2 = relu_feed_forward(self.linear1, self.linear2, tgt)
             else:
                 tgt2 = self.linear2(self.dropout(linear_relu(self.linear1, tgt)))
         else:

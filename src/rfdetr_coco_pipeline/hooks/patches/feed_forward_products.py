@@ -94,7 +94,7 @@ class FeedForwardReLU(torch.autograd.Function):
         return grad_hidden @ weight1, *weight_and_bias_gradients(grad_hidden, x), grad.t() @ hidden, grad.sum(0)
 
 
-def feed_forward(function: type[torch.autograd.Function], linear1: nn.Linear, linear2: nn.Linear, x: Tensor) -> Tensor:
-    """linear2(act(linear1(x))) through `function` (`FeedForwardReLU`); under autocast the inputs are cast as
-    autocast casts a linear layer's."""
-    return in_autocast_dtype(function, x, linear1.weight, linear1.bias, linear2.weight, linear2.bias)
+def relu_feed_forward(linear1: nn.Linear, linear2: nn.Linear, x: Tensor) -> Tensor:
+    """linear2(relu(linear1(x))) through `FeedForwardReLU`; under autocast the inputs are cast as autocast casts a
+    linear layer's."""
+    return in_autocast_dtype(FeedForwardReLU, x, linear1.weight, linear1.bias, linear2.weight, linear2.bias)
