@@ -3,7 +3,7 @@ inputs it gets in a real step, next to the whole step.
 
 usage: python -m bench.part_times [--resolution 384] [--batch 128] [--repeats 10] [--warmup 3] [--no-compile]
            [--speedups auto|none|all|NAME,...] [--only REGEX] [--kernels N] [--trace FILE.trace.json.gz]
-           [--out FILE.json]
+           [--inductor KEY=VALUE ...] [--out FILE.json]
 
 Builds rfdetr's Nano training module (as bench.flops does: random weights, 13 decoder groups) with the registry's
 patches that `--speedups` selects in place, runs one step on synthetic images and boxes and keeps every input each
@@ -16,6 +16,8 @@ timed the same way, and the whole step (the compiled model, the loss, the backwa
 `--only` times only the rows whose label it finds ("loss" for the loss alone); `--kernels N` lists each row's N
 kernels with the most GPU time (on the GPU); `--trace` writes the whole step's timed runs as torch.profiler's trace,
 whose kernels `python -m bench.trace_ops FILE --steps <repeats>` traces to the operations that launched them.
+`--inductor combo_kernels=True` compiles with that `torch._inductor.config` setting (a Python literal), for timing
+Inductor's own options against its defaults; the record names them.
 
 On the GPU each figure is GPU-busy milliseconds (the union of the kernels' intervals under torch.profiler, per
 step), so host launch gaps that the workflow's CUDA graphs remove are not counted; on the CPU it is wall time.
@@ -269,6 +271,21 @@ def speedups_setting(value: str) -> str | list[str]:
     return value if value == "auto" else parse_speedups(value)
 
 
+def inductor_setting(text: str) -> tuple[str, Any]:
+    """`KEY=VALUE` as a `torch._inductor.config` name and its value (a Python literal); the name must exist."""
+    import ast
+
+    import torch._inductor.config as inductor_config
+
+    key, separator, value = text.partition("=")
+    if not separator or not hasattr(inductor_config, key):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE with KEY a torch._inductor.config setting")
+    try:
+        return key, ast.literal_eval(value)
+    except (ValueError, SyntaxError) as error:
+        raise argparse.ArgumentTypeError(f"{text!r}: the value is not a Python literal ({error})") from None
+
+
 def main() -> None:
     from rfdetr_coco_pipeline.hooks import applied, select_speedups
     from rfdetr_coco_pipeline.versions import package_version
@@ -283,11 +300,17 @@ def main() -> None:
     parser.add_argument("--only", default=".*", help="time only the rows whose label this regular expression finds")
     parser.add_argument("--kernels", type=int, default=0, help="on the GPU: each row's N costliest kernels too")
     parser.add_argument("--trace", type=Path, help="the whole step's profiler trace, to write (.json.gz)")
+    parser.add_argument(
+        "--inductor", type=inductor_setting, action="append", default=[], help="KEY=VALUE: a torch._inductor.config"
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    import torch._inductor.config as inductor_config
+
     device_kind = "cuda" if torch.cuda.is_available() else "cpu"
     selection = select_speedups(args.speedups, package_version("rfdetr"), device_kind=device_kind)
-    with applied(selection, SimpleNamespace(loader_niceness=0)):
+    inductor = dict(args.inductor)
+    with applied(selection, SimpleNamespace(loader_niceness=0)), inductor_config.patch(inductor):
         result = measure(
             args.resolution,
             args.batch,
@@ -299,6 +322,7 @@ def main() -> None:
             args.trace,
         )
     result["speedups"] = selection.names()
+    result["inductor"] = inductor
     print(f"{result['measure']}, {args.batch} images at {args.resolution} px on {result['device']}:")
     for row in result["rows"]:
         print(f"  {row['ms']:9.2f}  {100 * row['share_of_parts_sum']:5.1f} %  {'  ' * row['depth']}{row['part']}")

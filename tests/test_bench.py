@@ -753,8 +753,12 @@ def test_the_part_times_cover_every_part_of_a_real_step_and_each_rest_is_what_it
     command = [sys.executable, "-m", "bench.part_times", "--resolution", "64", "--batch", "1", "--repeats", "1"]
     # with decoder_attention_on_views the decoder's self-attention runs inside its layer, not as a module
     command += ["--warmup", "0", "--no-compile", "--speedups", "decoder_attention_on_views", "--out", str(out)]
+    command += ["--inductor", "combo_kernels=True"]
     printed = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=True).stdout
     result = json.loads(out.read_text())
+    assert result["inductor"] == {"combo_kernels": True}
+    unknown = subprocess.run([*command, "--inductor", "no_such_setting=1"], cwd=REPO, capture_output=True, text=True)
+    assert unknown.returncode == 2 and "'no_such_setting=1': expected KEY=VALUE" in unknown.stderr
     rows = {row["part"]: row for row in result["rows"]}
     inside_its_parent = "decoder self-attention"
     assert result["parts_not_called"] == [inside_its_parent] and inside_its_parent not in rows
