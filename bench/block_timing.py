@@ -66,7 +66,8 @@ class Timer:
 
         if self.device.type != "cuda":
             times = []
-            with profile(activities=[ProfilerActivity.CPU]) if self.trace else nullcontext() as profiler:
+            traced = profile(activities=[ProfilerActivity.CPU], record_shapes=True) if self.trace else nullcontext()
+            with traced as profiler:
                 for _ in range(self.repeats):
                     start = time.perf_counter()
                     work()
@@ -74,7 +75,9 @@ class Timer:
             self._write_trace(profiler)
             return 1e3 * statistics.median(times)
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as profiler:
+        # the inputs' shapes only in a trace written for bench.trace_ops, which names them beside each operation
+        activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+        with profile(activities=activities, record_shapes=self.trace is not None) as profiler:
             for _ in range(self.repeats):
                 work()
             torch.cuda.synchronize()

@@ -2,6 +2,7 @@
 makes the host wait for the GPU.
 
 usage: python -m bench.trace_ops TRACE.trace.json.gz [--steps 6] [--top 15] [--pause-ms 10] [--idle-ms 2]
+           [--depth 4] [--work REGEX]
 
 Looks at the thread that launches the most CUDA work (the training loop). For each operation name: calls per
 step, median and largest duration, total per step. For each `cudaStreamSynchronize`: the chain of operations
@@ -11,7 +12,9 @@ its own thread, or was held off the interpreter by another thread), with the ope
 idle: stretches of at least --idle-ms without GPU work, with the operations the training thread started in each.
 GPU time by source: each kernel's time, grouped by its name and the innermost operations around the call that
 launched it (on any thread: the backward pass launches from its own), so that a kernel such as a copy can be traced
-to the code that asked for it; kernels replayed from a CUDA graph are grouped under the graph launch.
+to the code that asked for it; kernels replayed from a CUDA graph are grouped under the graph launch. `--depth`
+operations around each launch (innermost), each with its inputs' shapes where the trace has them (`bench.part_times
+--trace` records them); `--work` keeps only the kernels whose name it finds (`--work copy` for the copies).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import argparse
 import bisect
 import gzip
 import json
+import re
 import statistics
 from collections import Counter, defaultdict
 from typing import Any
@@ -127,9 +131,12 @@ def gpu_idle_stretches(
     return {"ms_per_step": round(sum(s["ms"] for s in stretches) / steps, 1), "stretches": stretches}
 
 
-def kernel_sources(events: list[dict[str, Any]], steps: int, top: int, depth: int = 4) -> dict[str, Any]:
+def kernel_sources(
+    events: list[dict[str, Any]], steps: int, top: int, depth: int = 4, work_name: str = ""
+) -> dict[str, Any]:
     """GPU kernel, copy and memset time per step, grouped by (work name, innermost `depth` operations around its
-    launch), largest first; and the share launched outside CUDA graphs."""
+    launch, each with its inputs' shapes where the trace recorded them), largest first; and the share launched
+    outside CUDA graphs. With `work_name` (a regular expression), only the work whose name it finds."""
     launches = {
         e["args"]["correlation"]: e for e in events if e.get("cat") in LAUNCHES and "correlation" in e.get("args", {})
     }
@@ -144,14 +151,14 @@ def kernel_sources(events: list[dict[str, Any]], steps: int, top: int, depth: in
     seconds: dict[tuple[str, ...], float] = defaultdict(float)
     counts: Counter[tuple[str, ...]] = Counter()
     outside_graphs = 0.0
-    for work in (e for e in events if e.get("cat") in GPU_WORK):
+    for work in (e for e in events if e.get("cat") in GPU_WORK and re.search(work_name, e["name"])):
         launch = launches.get(work.get("args", {}).get("correlation"))
         chain: tuple[str, ...] = ()
         if launch is not None:
             ops, starts = ops_by_thread.get(launch["tid"], []), starts_by_thread.get(launch["tid"], [])
             index = bisect.bisect_right(starts, launch["ts"])
             around = [e for e in ops[max(index - 3000, 0) : index] if e["ts"] + e["dur"] >= launch["ts"]]
-            chain = tuple(e["name"][:60] for e in around[-depth:])
+            chain = tuple(e["name"][:60] + str(e.get("args", {}).get("Input Dims", ""))[:200] for e in around[-depth:])
             if launch["name"] != "cudaGraphLaunch":
                 outside_graphs += work["dur"] / 1e6
         key = (work["name"][:80], *chain)
@@ -172,7 +179,9 @@ def kernel_sources(events: list[dict[str, Any]], steps: int, top: int, depth: in
     }
 
 
-def read_trace(path: str, steps: int, top: int, pause_ms: float = 10.0, idle_ms: float = 2.0) -> dict[str, Any]:
+def read_trace(
+    path: str, steps: int, top: int, pause_ms: float = 10.0, idle_ms: float = 2.0, depth: int = 4, work_name: str = ""
+) -> dict[str, Any]:
     events = load_events(path)
     gpu = [(round(e["ts"] * 1e3), round((e["ts"] + e["dur"]) * 1e3)) for e in events if e.get("cat") in GPU_WORK]
     threads = Counter(e["tid"] for e in events if e.get("cat") in LAUNCHES)
@@ -187,7 +196,7 @@ def read_trace(path: str, steps: int, top: int, pause_ms: float = 10.0, idle_ms:
         "gpu_idle": gpu_idle_stretches(
             [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") in GPU_WORK], host, steps, idle_ms
         ),
-        "gpu_time_by_source": kernel_sources(events, steps, top),
+        "gpu_time_by_source": kernel_sources(events, steps, top, depth, work_name),
     }
 
 
@@ -198,8 +207,11 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--pause-ms", type=float, default=10.0, help="shortest pause of the training thread listed")
     parser.add_argument("--idle-ms", type=float, default=2.0, help="shortest stretch without GPU work listed")
+    parser.add_argument("--depth", type=int, default=4, help="operations around each kernel's launch, innermost")
+    parser.add_argument("--work", default="", help="GPU time by source: only kernels whose name this finds")
     args = parser.parse_args()
-    print(json.dumps(read_trace(args.trace, args.steps, args.top, args.pause_ms, args.idle_ms), indent=1))
+    reading = read_trace(args.trace, args.steps, args.top, args.pause_ms, args.idle_ms, args.depth, args.work)
+    print(json.dumps(reading, indent=1))
 
 
 if __name__ == "__main__":

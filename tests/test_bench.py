@@ -294,6 +294,16 @@ def test_gpu_time_is_traced_to_the_operations_that_launched_it_on_any_thread():
         event("graphed_gemm", "kernel", 210, 4000, tid=7, correlation=3),
     ]
     sources = kernel_sources(events, steps=2, top=5)
+    # with the shapes a trace recorded, each operation is named with its inputs' shapes; --work keeps the copies only
+    events[1]["args"]["Input Dims"] = [[128, 384, 24, 24], [128, 384, 24, 24], []]
+    assert kernel_sources(events, steps=2, top=5, depth=1, work_name="copy")["by_source"] == [
+        {
+            "work": "direct_copy_kernel",
+            "launched_inside": ["aten::copy_[[128, 384, 24, 24], [128, 384, 24, 24], []]"],
+            "per_step": 0.5,
+            "ms_per_step": 1.5,
+        }
+    ]
     # the graph's kernel was launched by no operation: its chain is empty, and it is not counted outside the graphs
     assert sources["outside_cuda_graphs_ms_per_step"] == 2.0
     assert sources["by_source"] == [
@@ -322,6 +332,7 @@ def test_a_timer_writes_the_timed_runs_as_a_trace_once_when_asked(tmp_path):
     timer(lambda: a @ a)
     products = [e for e in load_events(str(tmp_path / "step.trace.json.gz")) if e.get("name") == "aten::mm"]
     assert len(products) == 3
+    assert all(e["args"]["Input Dims"] == [[8, 8], [8, 8]] for e in products)  # with their inputs' shapes
     assert timer.trace is None
 
 
