@@ -7,7 +7,7 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from rfdetr_coco_pipeline.hooks.patches.padding_in_one_copy import padded_in_one_copy, padding_in_one_copy
-from tests.helpers.rfdetr_steps import solve_all_layers, tiny_detector_step
+from tests.helpers.rfdetr_steps import counted_calls, index_pairs, solve_all_layers, tiny_detector_step
 
 
 @pytest.mark.parametrize(
@@ -37,8 +37,7 @@ def test_the_matchers_assignment_is_unchanged_and_other_calls_go_to_torch(tmp_pa
     criterion, outputs, targets = tiny_detector_step("cpu", 5, tmp_path)
     plain = solve_all_layers(criterion, outputs, targets)
     original = matcher.pad_sequence
-    calls = []
-    monkeypatch.setattr(extension, "padded_in_one_copy", lambda *a: calls.append(1) or padded_in_one_copy(*a))
+    calls = counted_calls(monkeypatch, extension, "padded_in_one_copy")
     with padding_in_one_copy():
         assert matcher.pad_sequence is not original
         ours = solve_all_layers(criterion, outputs, targets)
@@ -48,8 +47,7 @@ def test_the_matchers_assignment_is_unchanged_and_other_calls_go_to_torch(tmp_pa
         assert torch.equal(matcher.pad_sequence(sequences), pad_sequence(sequences))
     assert matcher.pad_sequence is original
     assert plain is not None and ours is not None
-    for mine, theirs in zip(ours, plain, strict=True):
-        assert [(i.tolist(), j.tolist()) for i, j in mine] == [(i.tolist(), j.tolist()) for i, j in theirs]
+    assert index_pairs(ours) == index_pairs(plain)
 
 
 @pytest.mark.gpu

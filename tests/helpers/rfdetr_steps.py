@@ -127,6 +127,19 @@ def solve_all_layers(criterion, outputs, targets):
     return type(matcher)._match_many(matcher, layers, targets, group_detr=criterion.group_detr)
 
 
+def counted_calls(monkeypatch, module, name: str) -> list[int]:
+    """`module.name` counted for the test: the list returned grows by one at each call; the function is unchanged."""
+    function = getattr(module, name)
+    calls: list[int] = []
+    monkeypatch.setattr(module, name, lambda *args: calls.append(1) or function(*args))
+    return calls
+
+
+def index_pairs(matches) -> list[list[tuple[list, list]]]:
+    """A matching (per layer, per image: query and target indices) as lists, to compare two."""
+    return [[(rows.tolist(), columns.tolist()) for rows, columns in layer] for layer in matches]
+
+
 def decoder_step(device: str, batch: int, tmp_path, resolution: int = 128):
     """A detector step whose layers all have the same number of queries, as in training at the recipe's 384 px
     (the batched padded path). At 128 px the encoder proposes fewer queries than the decoder layers have (832

@@ -297,6 +297,12 @@ SPEEDUPS: tuple[Speedup, ...] = (
         reads=("rfdetr.models.matcher:HungarianMatcher._compute_compact_detection_cost_matrix",),
     ),
     _patch(
+        "cost_padding_in_one_gather",
+        ("rfdetr.models._assignment:_stack_padded",),
+        "the matcher pads its batch of cost matrices with one indexed read, not one copy per layer and image",
+        only_when_named="its gain is not yet measured on a GPU",
+    ),
+    _patch(
         "metric_update_per_batch",
         (f"{COCO_EVAL}:COCOEvalCallback._convert_targets", f"{COCO_MAP}:OnePassCocoMeanAveragePrecision.update"),
         "a validation batch's boxes reach the COCO metric converted once per batch, not once per image",
