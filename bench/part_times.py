@@ -43,6 +43,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
+import torch._inductor.config as inductor_config
 from torch import Tensor, nn
 
 from bench.block_timing import Timer, detached, forward_and_backward
@@ -275,8 +276,6 @@ def inductor_setting(text: str) -> tuple[str, Any]:
     """`KEY=VALUE` as a `torch._inductor.config` name and its value (a Python literal); the name must exist."""
     import ast
 
-    import torch._inductor.config as inductor_config
-
     key, separator, value = text.partition("=")
     if not separator or not hasattr(inductor_config, key):
         raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE with KEY a torch._inductor.config setting")
@@ -305,8 +304,6 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    import torch._inductor.config as inductor_config
-
     device_kind = "cuda" if torch.cuda.is_available() else "cpu"
     selection = select_speedups(args.speedups, package_version("rfdetr"), device_kind=device_kind)
     inductor = dict(args.inductor)

@@ -33,8 +33,8 @@ def padded_in_one_gather(
     starts = torch.cumsum(sizes_on_host, 0) - sizes_on_host
     padded_column = torch.arange(max_size)
     present = padded_column < sizes_on_host[:, None]  # (images, max_size)
-    # a padded column reads the image's first column (any real one would do): the `where` below zeroes it
-    columns = torch.where(present, starts[:, None] + padded_column, 0).clamp(max=costs.shape[-1] - 1)
+    # a padded column reads the batch's first column (any real one would do): the `where` below zeroes it
+    columns = torch.where(present, starts[:, None] + padded_column, 0)
     columns = send_without_waiting(columns, device).view(1, images, 1, 1, max_size)
     present = send_without_waiting(present, device).view(1, images, 1, 1, max_size)
     layer = torch.arange(layers, device=device).view(layers, 1, 1, 1, 1)
@@ -48,7 +48,7 @@ def pad_in_one_gather(original: Callable[..., Tensor]) -> Callable[..., Tensor]:
     def _stack_padded(
         cost_matrices: list[Tensor], sizes: list[int], group_width: int, group_detr: int, max_size: int
     ) -> Tensor:
-        if max_size > 0 and sum(sizes) > 0:
+        if max_size > 0:
             return padded_in_one_gather(cost_matrices, sizes, group_width, group_detr, max_size)
         return original(cost_matrices, sizes, group_width, group_detr, max_size)
 

@@ -31,7 +31,7 @@ def table_inside_the_graph(original: Callable[..., Tensor]) -> Callable[..., Ten
 
     def interpolate_pos_encoding(self: Any, embeddings: Tensor, height: int, width: int) -> Tensor:
         # rfdetr's own test for returning the table unchanged
-        unchanged = embeddings.shape[1] - 1 == self.position_embeddings.shape[1] - 1 and height == width
+        unchanged = embeddings.shape[1] == self.position_embeddings.shape[1] and height == width
         if unchanged and not torch.jit.is_tracing():
             return self.position_embeddings
         return original(self, embeddings, height, width)
