@@ -222,14 +222,6 @@ SPEEDUPS: tuple[Speedup, ...] = (
         reads=(f"{PATCH_EMBEDDINGS}.__init__",),
     ),
     _patch(
-        "model_in_one_graph",
-        (f"{BACKBONE}:WindowedDinov2WithRegistersEmbeddings.interpolate_pos_encoding",),
-        "the backbone adds its position table inside the compiled graph when the images need no interpolation, so "
-        "torch.compile makes one graph of the model instead of six",
-        gpu_only=True,  # only a compiled model gains, and the CPU rows train uncompiled
-        only_when_named="its gain is not yet measured on a GPU",
-    ),
-    _patch(
         "backbone_norm_backward_in_one_pass",
         (f"{BACKBONE}:WindowedDinov2WithRegistersEncoder.forward",),
         "in training each residual sum of the backbone that a LayerNorm follows goes backward with it in one Triton "
@@ -300,7 +292,7 @@ SPEEDUPS: tuple[Speedup, ...] = (
         "cost_padding_in_one_gather",
         ("rfdetr.models._assignment:_stack_padded",),
         "the matcher pads its batch of cost matrices with one indexed read, not one copy per layer and image",
-        only_when_named="its gain is not yet measured on a GPU",
+        only_when_named="its gain is not yet measured in the train stage",
     ),
     _patch(
         "metric_update_per_batch",

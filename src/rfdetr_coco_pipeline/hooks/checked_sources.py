@@ -32,9 +32,6 @@ CHECKED: dict[str, tuple[str, ...]] = {
     "rfdetr.models.ops.functions.ms_deform_attn_func:_bilinear_grid_sample": ("34c5635186d8",),
     "rfdetr.models.backbone.dinov2_with_windowed_attn:Dinov2WithRegistersPatchEmbeddings.forward": ("7c201ad5c59e",),
     "rfdetr.models.backbone.dinov2_with_windowed_attn:Dinov2WithRegistersPatchEmbeddings.__init__": ("d75460a369ac",),
-    "rfdetr.models.backbone.dinov2_with_windowed_attn:WindowedDinov2WithRegistersEmbeddings.interpolate_pos_encoding": (
-        "343c36eeaed0",
-    ),
     "rfdetr.models.backbone.dinov2_with_windowed_attn:WindowedDinov2WithRegistersLayer.forward": ("24fd23740322",),
     "rfdetr.models.backbone.dinov2_with_windowed_attn:WindowedDinov2WithRegistersLayer.__init__": ("89650a67df96",),
     "rfdetr.models.backbone.dinov2_with_windowed_attn:Dinov2WithRegistersLayerScale.__init__": ("48e4b3a712dc",),
