@@ -292,7 +292,6 @@ SPEEDUPS: tuple[Speedup, ...] = (
         "cost_padding_in_one_gather",
         ("rfdetr.models._assignment:_stack_padded",),
         "the matcher pads its batch of cost matrices with one indexed read, not one copy per layer and image",
-        only_when_named="its gain is not yet measured in the train stage",
     ),
     _patch(
         "metric_update_per_batch",
