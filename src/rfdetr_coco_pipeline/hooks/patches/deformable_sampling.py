@@ -49,39 +49,38 @@ def _launch_grid(samples: int, maps: int) -> tuple[int, int]:
     return (-(-samples // BLOCK), maps)
 
 
-@torch.library.custom_op("rfdetr_pipeline::bilinear_sample", mutates_args=())
-def bilinear_sample(value: Tensor, grid: Tensor) -> Tensor:
-    """`F.grid_sample(value, grid, mode="bilinear", padding_mode="zeros", align_corners=False)` for float32 CUDA
-    tensors: value (N, C, H, W), grid (N, Hg, Wg, 2); returns (N, C, Hg, Wg)."""
-    n, c, h, w = value.shape
+@torch.library.custom_op("rfdetr_pipeline::bilinear_sample_pixels", mutates_args=())
+def bilinear_sample_pixels(pixels: Tensor, grid: Tensor) -> Tensor:
+    """Bilinear, zero-padded, corner-unaligned samples of float32 CUDA maps stored channels-last: pixels
+    (N, H, W, C), grid (N, Hg, Wg, 2); returns (N, C, Hg, Wg)."""
+    n, h, w, c = pixels.shape
     _, hg, wg, _ = grid.shape
     samples = hg * wg
-    out = torch.empty((n, c, hg, wg), device=value.device, dtype=torch.float32)
-    channels_last = value.permute(0, 2, 3, 1).contiguous()
+    out = torch.empty((n, c, hg, wg), device=pixels.device, dtype=torch.float32)
     _triton_kernels().forward_kernel[_launch_grid(samples, n)](
-        channels_last, grid.contiguous(), out, samples, h, w, C=c, BLOCK=BLOCK
+        pixels.contiguous(), grid.contiguous(), out, samples, h, w, C=c, BLOCK=BLOCK
     )
     return out
 
 
-@bilinear_sample.register_fake
-def _(value: Tensor, grid: Tensor) -> Tensor:
-    return value.new_empty((value.shape[0], value.shape[1], grid.shape[1], grid.shape[2]))
+@bilinear_sample_pixels.register_fake
+def _(pixels: Tensor, grid: Tensor) -> Tensor:
+    return pixels.new_empty((pixels.shape[0], pixels.shape[3], grid.shape[1], grid.shape[2]))
 
 
-@torch.library.custom_op("rfdetr_pipeline::bilinear_sample_backward", mutates_args=())
-def bilinear_sample_backward(grad_out: Tensor, value: Tensor, grid: Tensor) -> tuple[Tensor, Tensor]:
-    """Gradients of `bilinear_sample` with respect to value and grid."""
-    n, c, h, w = value.shape
+@torch.library.custom_op("rfdetr_pipeline::bilinear_sample_pixels_backward", mutates_args=())
+def bilinear_sample_pixels_backward(grad_out: Tensor, pixels: Tensor, grid: Tensor) -> tuple[Tensor, Tensor]:
+    """Gradients of `bilinear_sample_pixels` with respect to pixels (channels-last, as they came) and grid."""
+    n, h, w, c = pixels.shape
     _, hg, wg, _ = grid.shape
     samples = hg * wg
-    grad_value = torch.zeros((n, h, w, c), device=value.device, dtype=torch.float32)
-    grad_grid = torch.empty((n, hg, wg, 2), device=value.device, dtype=torch.float32)
+    grad_pixels = torch.zeros((n, h, w, c), device=pixels.device, dtype=torch.float32)
+    grad_grid = torch.empty((n, hg, wg, 2), device=pixels.device, dtype=torch.float32)
     _triton_kernels().backward_kernel[_launch_grid(samples, n)](
         grad_out.contiguous(),
-        value.permute(0, 2, 3, 1).contiguous(),
+        pixels.contiguous(),
         grid.contiguous(),
-        grad_value,
+        grad_pixels,
         grad_grid,
         samples,
         h,
@@ -89,12 +88,12 @@ def bilinear_sample_backward(grad_out: Tensor, value: Tensor, grid: Tensor) -> t
         C=c,
         BLOCK=BLOCK,
     )
-    return grad_value.permute(0, 3, 1, 2).contiguous(), grad_grid
+    return grad_pixels, grad_grid
 
 
-@bilinear_sample_backward.register_fake
-def _(grad_out: Tensor, value: Tensor, grid: Tensor) -> tuple[Tensor, Tensor]:
-    return value.new_empty(value.shape), grid.new_empty(grid.shape)
+@bilinear_sample_pixels_backward.register_fake
+def _(grad_out: Tensor, pixels: Tensor, grid: Tensor) -> tuple[Tensor, Tensor]:
+    return pixels.new_empty(pixels.shape), grid.new_empty(grid.shape)
 
 
 def _setup_context(ctx: Any, inputs: tuple[Tensor, Tensor], output: Tensor) -> None:
@@ -102,11 +101,19 @@ def _setup_context(ctx: Any, inputs: tuple[Tensor, Tensor], output: Tensor) -> N
 
 
 def _backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor, Tensor]:
-    value, grid = ctx.saved_tensors
-    return bilinear_sample_backward(grad_out, value, grid)
+    pixels, grid = ctx.saved_tensors
+    return bilinear_sample_pixels_backward(grad_out, pixels, grid)
 
 
-bilinear_sample.register_autograd(_backward, setup_context=_setup_context)
+bilinear_sample_pixels.register_autograd(_backward, setup_context=_setup_context)
+
+
+def bilinear_sample(value: Tensor, grid: Tensor) -> Tensor:
+    """`F.grid_sample(value, grid, mode="bilinear", padding_mode="zeros", align_corners=False)` for float32 CUDA
+    tensors: value (N, C, H, W), grid (N, Hg, Wg, 2); returns (N, C, Hg, Wg). The channels-last copy of the map is
+    made here, outside the operator, so that under torch.compile Inductor writes it in the kernel that makes the
+    map (the cast to float32 included) and takes its gradient back to the map's layout the same way."""
+    return bilinear_sample_pixels(value.permute(0, 2, 3, 1).contiguous(), grid)
 
 
 def sample_on_device(original: Callable[..., Tensor]) -> Callable[..., Tensor]:
