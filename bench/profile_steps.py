@@ -3,7 +3,7 @@
 usage: python -m bench.profile_steps --dataset DIR --out FILE.json [--batch 128] [--start 30] [--steps 6]
            [--variant stock|eager|eager_graphs|te_graphs] [--speedups none|all|NAME,...|all,-NAME,+NAME,...]
            [--loader-niceness N]
-           [--threads N] [--sync-debug] [--resolution N] [--trace] [--cudnn-benchmark]
+           [--threads N] [--sync-debug] [--resolution N] [--trace] [--cudnn-benchmark] [--kernels 25]
 
 Runs the notebook's `train()` call (bench.stock_recipe) with the speedups of the workflow's registry that
 `--speedups` names (`python -m rfdetr_coco_pipeline.hooks` lists them; `static_cuda_graphs` also turns on compile and
@@ -11,11 +11,12 @@ cuda_graphs). Steps [start - 2*steps, start) are timed with no profiler (the rat
 [start, start + steps) run under torch.profiler. Then it writes, per step: wall seconds, GPU-busy seconds (the union
 of every kernel, copy and memset interval on the device), the host seconds of each phase of Lightning's step
 (forward + loss, backward, optimizer + callbacks, waiting for data), the host's time blocked in synchronising CUDA
-calls, call counts, and the kernels that take most GPU time; also the seconds before the timed steps (start-up,
-compile or compile-cache loads, first steps) and torch.compile's cache lookups by then. Then the process exits,
-before any validation. `--cudnn-benchmark` lets cuDNN time its algorithms per shape; Inductor's settings come from
-the environment (e.g. TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1, TORCHINDUCTOR_ENABLE_PDL=1): the result records
-every TORCHINDUCTOR_ variable set, and the run's name coordinate descent.
+calls, call counts, and the `--kernels` kernels that take most GPU time (all of them, set beside `bench.part_times
+--kernels N`'s whole step, show the work a training step does beyond the model's); also the seconds before the timed
+steps (start-up, compile or compile-cache loads, first steps) and torch.compile's cache lookups by then. Then the
+process exits, before any validation. `--cudnn-benchmark` lets cuDNN time its algorithms per shape; Inductor's
+settings come from the environment (e.g. TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1, TORCHINDUCTOR_ENABLE_PDL=1): the
+result records every TORCHINDUCTOR_ variable set, and the run's name coordinate descent.
 
 If the GPU is busy a fraction f of a step, a step made of the same kernels cannot run faster than f times the
 step's time however little the host does: 1/f is the ceiling on the speed-up from removing host overhead.
@@ -123,9 +124,17 @@ class StepProfile(pl.Callback):
     `sync_debug` warns, with file and line, where a profiled step waits for the GPU."""
 
     def __init__(
-        self, start: int, steps: int, out: Path, batch: int, variant: str, trace: bool = False, sync_debug: bool = False
+        self,
+        start: int,
+        steps: int,
+        out: Path,
+        batch: int,
+        variant: str,
+        trace: bool = False,
+        sync_debug: bool = False,
+        kernels: int = 25,
     ) -> None:
-        self.start, self.steps, self.out, self.batch = start, steps, out, batch
+        self.start, self.steps, self.out, self.batch, self.kernels = start, steps, out, batch, kernels
         self.trace, self.sync_debug = trace, sync_debug
         self.cuda = torch.cuda.is_available()
         self.step = 0
@@ -233,7 +242,7 @@ class StepProfile(pl.Callback):
             for e in kineto
             if e.name() not in annotations
         ]
-        summary = summarize_events(events, self.steps)
+        summary = summarize_events(events, self.steps, self.kernels)
         busy = summary["gpu_busy_seconds_per_step"]
         self.result["profiled"] = {
             "seconds_per_step": round(wall / self.steps, 4),
@@ -304,6 +313,12 @@ def main() -> None:
     parser.add_argument(
         "--cudnn-benchmark", action="store_true", help="let cuDNN time its algorithms per shape (torch's default: off)"
     )
+    parser.add_argument(
+        "--kernels",
+        type=int,
+        default=25,
+        help="kernels listed, most GPU time first (set beside `bench.part_times --kernels N`'s whole step)",
+    )
     args = parser.parse_args()
     from bench.stock_recipe import train_like_notebook
 
@@ -329,7 +344,9 @@ def main() -> None:
     name += "+cudnn_benchmark" if args.cudnn_benchmark else ""
     # TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1 in the environment turns this on
     name += "+coordinate_descent" if inductor_config.coordinate_descent_tuning else ""
-    callback = StepProfile(args.start, args.steps, args.out, args.batch, name, args.trace, args.sync_debug)
+    callback = StepProfile(
+        args.start, args.steps, args.out, args.batch, name, args.trace, args.sync_debug, args.kernels
+    )
     callback.result["host_threads"] = {"default": default_threads, "used": torch.get_num_threads()}
     callback.result["speedups"] = selection.names()
     callback.result["cudnn_benchmark"] = torch.backends.cudnn.benchmark

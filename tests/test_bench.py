@@ -229,17 +229,20 @@ def test_a_step_profile_separates_gpu_work_from_host_waits_and_counts_per_step()
     events = [
         ("gemm", True, 0, 100_000_000),  # 0.1 s kernel
         ("gemm", True, 50_000_000, 150_000_000),  # overlapping on another stream
+        ("copy", True, 150_000_000, 150_002_000),
         ("cudaStreamSynchronize", False, 150_000_000, 200_000_000),
         ("cudaLaunchKernel", False, 0, 1_000),
         ("cudaLaunchKernel", False, 1_000, 2_000),
         ("aten::_local_scalar_dense", False, 200_000_000, 200_001_000),
     ]
     summary = summarize_events(events, steps=2)
-    assert summary["gpu_busy_seconds_per_step"] == 0.075  # 0.15 s covered over 2 steps
-    assert summary["gpu_kernel_seconds_per_step"] == 0.1  # 0.2 s of kernels: the overlap counts twice
+    assert summary["gpu_busy_seconds_per_step"] == 0.075  # 0.150002 s covered over 2 steps
+    assert summary["gpu_kernel_seconds_per_step"] == 0.1  # 0.200002 s of kernels: the overlap counts twice
     assert summary["host_blocked_in_sync_seconds_per_step"] == 0.025
     assert summary["per_step_counts"]["kernel_launches"] == 1 and summary["per_step_counts"]["sync_calls"] == 0.5
-    assert summary["top_kernels_ms_per_step"] == [["gemm", 100.0]]
+    assert summary["top_kernels_ms_per_step"] == [["gemm", 100.0], ["copy", 0.0]]
+    # --kernels N: the N kernels with the most GPU time
+    assert summarize_events(events, steps=2, top=1)["top_kernels_ms_per_step"] == [["gemm", 100.0]]
 
 
 def test_a_trace_reading_names_the_slow_host_ops_and_what_each_wait_was_inside(tmp_path):
