@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from bench.profile_steps import union_seconds
+from bench.profile_steps import annotation_names, union_seconds
 
 
 def tensors_in(value: Any) -> Iterator[Tensor]:
@@ -49,9 +49,10 @@ def detached(value: Any) -> Any:
 
 
 class Timer:
-    """Runs a piece of work repeatedly and returns its milliseconds per run: GPU-busy time on CUDA, wall time on the
-    CPU. On CUDA, `kernels` holds the last work's milliseconds per run of each kernel name. With `trace` set, the
-    next timed runs are also written there as torch.profiler's trace (gzipped; `bench.trace_ops` reads it)."""
+    """Runs a piece of work repeatedly and returns its milliseconds per run: GPU-busy time on CUDA (the union of its
+    kernels', copies' and memsets' intervals, without the profiler's annotations), wall time on the CPU. On CUDA,
+    `kernels` holds the last work's milliseconds per run of each kernel name. With `trace` set, the next timed runs
+    are also written there as torch.profiler's trace (gzipped; `bench.trace_ops` reads it)."""
 
     def __init__(self, device: torch.device, repeats: int, warmup: int) -> None:
         self.device, self.repeats, self.warmup = device, repeats, warmup
@@ -82,7 +83,9 @@ class Timer:
                 work()
             torch.cuda.synchronize()
         self._write_trace(profiler)
-        events = [e for e in profiler.profiler.kineto_results.events() if e.device_type() == DeviceType.CUDA]
+        kineto = profiler.profiler.kineto_results.events()
+        labels = annotation_names(kineto)  # shown on the GPU's timeline, but no work: as bench.profile_steps counts
+        events = [e for e in kineto if e.device_type() == DeviceType.CUDA and e.name() not in labels]
         self.kernels = Counter()
         for event in events:
             self.kernels[event.name()] += event.duration_ns() / 1e6 / self.repeats

@@ -32,7 +32,7 @@ import resource
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +109,12 @@ def summarize_events(events: list[tuple[str, bool, int, int]], steps: int, top: 
             [name[:120], round(seconds / steps * 1e3, 2), round(calls[name] / steps)] for name, seconds in host_ops
         ],
     }
+
+
+def annotation_names(events: Iterable[Any]) -> set[str]:
+    """The names of the user annotations among torch.profiler's kineto `events`: labels (Lightning's
+    "Optimizer.step", torch's "Optimizer.step#AdamW.step") that the GPU's timeline shows around work, but no work."""
+    return {event.name() for event in events if event.is_user_annotation()}
 
 
 def seconds_since_process_start() -> float:
@@ -236,7 +242,7 @@ class StepProfile(pl.Callback):
         # GPU activities: kernels, copies, memsets. Annotations shown on the GPU's timeline (Lightning's
         # "Optimizer.step" spans the whole step) are not work and are left out.
         kineto = self.profiler.profiler.kineto_results.events()
-        annotations = {e.name() for e in kineto if e.is_user_annotation()}
+        annotations = annotation_names(kineto)
         events = [
             (e.name(), e.device_type() == DeviceType.CUDA, e.start_ns(), e.start_ns() + e.duration_ns())
             for e in kineto

@@ -245,6 +245,21 @@ def test_a_step_profile_separates_gpu_work_from_host_waits_and_counts_per_step()
     assert summarize_events(events, steps=2, top=1)["top_kernels_ms_per_step"] == [["gemm", 100.0]]
 
 
+def test_the_profilers_annotations_are_told_apart_from_work():
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from bench.profile_steps import annotation_names
+
+    with profile(activities=[ProfilerActivity.CPU]) as profiler:
+        with record_function("Optimizer.step#AdamW.step"):
+            torch.ones(4).add_(1)
+    events = profiler.profiler.kineto_results.events()
+    names = annotation_names(events)
+    assert names == {"Optimizer.step#AdamW.step"}
+    assert any(event.name() == "aten::add_" for event in events)  # the work itself stays
+
+
 def test_a_trace_reading_names_the_slow_host_ops_and_what_each_wait_was_inside(tmp_path):
     import gzip
     import json
