@@ -351,7 +351,14 @@ def main() -> None:
     # TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1 in the environment turns this on
     name += "+coordinate_descent" if inductor_config.coordinate_descent_tuning else ""
     callback = StepProfile(
-        args.start, args.steps, args.out, args.batch, name, args.trace, args.sync_debug, args.kernels
+        args.start,
+        args.steps,
+        args.out,
+        args.batch,
+        name,
+        trace=args.trace,
+        sync_debug=args.sync_debug,
+        kernels=args.kernels,
     )
     callback.result["host_threads"] = {"default": default_threads, "used": torch.get_num_threads()}
     callback.result["speedups"] = selection.names()
