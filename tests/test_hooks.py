@@ -60,6 +60,8 @@ SPEEDUP_TESTS = {
     "progress_bar_without_waiting": "tests/test_progress_bar_without_waiting.py::"
     "test_on_the_cpu_the_bar_shows_lightnings_values",
     "nice_loader_workers": "tests/test_nice_loader_workers.py::test_workers_run_niced_and_load_the_same_items",
+    "batch_copy_beside_the_step": "tests/test_batch_copy_beside_the_step.py::"
+    "test_on_the_gpu_the_images_arrive_with_rfdetrs_values_while_the_queued_work_runs",
     "images_as_bytes": "tests/test_images_as_bytes.py::"
     "test_training_batches_travel_as_bytes_and_arrive_as_rfdetrs_floats",
     "validation_images_as_bytes": "tests/test_images_as_bytes.py::"
@@ -108,7 +110,7 @@ SPEEDUP_TESTS = {
 
 
 def test_the_registry_names_each_speedup_once_with_a_test_that_exists():
-    assert len(NAMES) == len(set(NAMES)) == 33
+    assert len(NAMES) == len(set(NAMES)) == 34
     assert set(SPEEDUP_TESTS) == set(NAMES)
     for speedup in SPEEDUPS:
         file, _, test = SPEEDUP_TESTS[speedup.name].partition("::")
@@ -206,7 +208,8 @@ def test_on_the_cpu_auto_leaves_the_gpu_only_speedups_off_and_all_applies_them()
 
 
 def test_a_speedup_only_when_named_applies_only_where_a_list_names_it_and_auto_and_all_say_why():
-    only_when_named = ["resize_in_torch"]  # its values are not rfdetr's
+    # resize_in_torch: its values are not rfdetr's; batch_copy_beside_the_step: its gain is not yet measured
+    only_when_named = ["batch_copy_beside_the_step", "resize_in_torch"]
     assert [speedup.name for speedup in SPEEDUPS if speedup.only_when_named] == only_when_named
     assert set(NAMES) - set(BY_DEFAULT) == set(only_when_named)
     for setting in ("auto", "all"):

@@ -28,6 +28,8 @@ CHECKED: dict[str, tuple[str, ...]] = {
     "rfdetr.training.module_data:_worker_init_fn": ("b886980483fc",),
     "rfdetr.datasets.coco:_route_transforms": ("c7fb8d132efe",),
     "rfdetr.training.module_data:RFDETRDataModule.on_after_batch_transfer": ("6574b625bd57",),
+    "rfdetr.training.module_data:RFDETRDataModule.transfer_batch_to_device": ("466cdd56fdbf",),
+    "rfdetr.utilities.tensors:NestedTensor.__init__": ("97f01c3a8009",),
     "rfdetr.datasets.transforms:Normalize.__init__": ("2e372149b2ee",),
     "rfdetr.models.ops.functions.ms_deform_attn_func:_bilinear_grid_sample": ("34c5635186d8",),
     "rfdetr.models.backbone.dinov2_with_windowed_attn:Dinov2WithRegistersPatchEmbeddings.forward": ("7c201ad5c59e",),
