@@ -56,7 +56,9 @@ def transfer_beside_the_step(original: Callable[..., Any]) -> Callable[..., Any]
         if device.type != "cuda" or samples.tensors.is_cuda:
             return original(self, batch, device, dataloader_idx)
         index = device.index if device.index is not None else torch.cuda.current_device()
-        copy_stream = copy_streams.setdefault(index, torch.cuda.Stream(index))
+        if index not in copy_streams:
+            copy_streams[index] = torch.cuda.Stream(index)
+        copy_stream = copy_streams[index]
         samples = images_copied_beside(samples, torch.device("cuda", index), copy_stream)
         return original(self, (samples, targets), device, dataloader_idx)
 
