@@ -243,6 +243,10 @@ def test_a_step_profile_separates_gpu_work_from_host_waits_and_counts_per_step()
     assert summary["top_kernels_ms_per_step"] == [["gemm", 100.0], ["copy", 0.0]]
     # --kernels N: the N kernels with the most GPU time
     assert summarize_events(events, steps=2, top=1)["top_kernels_ms_per_step"] == [["gemm", 100.0]]
+    # two kernels whose long names agree in their first 120 characters are listed once, with both times
+    long_name = "void at::native::elementwise_kernel<128, 2, " + "x" * 100
+    twins = [(long_name + "<float>", True, 0, 2_000_000), (long_name + "<bool>", True, 2_000_000, 3_000_000)]
+    assert summarize_events(twins, steps=1)["top_kernels_ms_per_step"] == [[long_name[:120], 3.0]]
 
 
 def test_the_profilers_annotations_are_told_apart_from_work():
