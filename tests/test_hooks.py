@@ -66,6 +66,8 @@ SPEEDUP_TESTS = {
     "test_training_batches_travel_as_bytes_and_arrive_as_rfdetrs_floats",
     "validation_images_as_bytes": "tests/test_images_as_bytes.py::"
     "test_validation_batches_travel_as_bytes_and_arrive_as_rfdetrs_floats",
+    "normalization_in_one_kernel": "tests/test_normalization_in_one_kernel.py::"
+    "test_in_tritons_interpreter_the_kernel_gives_the_floats_bit_for_bit",
     "resize_in_torch": "tests/test_resize_in_torch.py::"
     "test_training_images_keep_rfdetrs_boxes_and_come_within_two_levels_of_its_pixels",
     "deformable_sampling": "tests/test_deformable_sampling.py::"
@@ -110,7 +112,7 @@ SPEEDUP_TESTS = {
 
 
 def test_the_registry_names_each_speedup_once_with_a_test_that_exists():
-    assert len(NAMES) == len(set(NAMES)) == 34
+    assert len(NAMES) == len(set(NAMES)) == 35
     assert set(SPEEDUP_TESTS) == set(NAMES)
     for speedup in SPEEDUPS:
         file, _, test = SPEEDUP_TESTS[speedup.name].partition("::")
@@ -172,6 +174,7 @@ def test_asking_for_speedups_by_name_or_all_refuses_another_rfdetr_with_what_to_
 def test_without_triton_auto_leaves_the_triton_speedups_off_and_all_refuses(monkeypatch):
     needs_triton = [speedup.name for speedup in SPEEDUPS if "triton" in speedup.needs]
     assert needs_triton == [
+        "normalization_in_one_kernel",
         "deformable_sampling",
         "backbone_norm_backward_in_one_pass",
         "decoder_relu_mask_in_the_product",
@@ -208,8 +211,8 @@ def test_on_the_cpu_auto_leaves_the_gpu_only_speedups_off_and_all_applies_them()
 
 
 def test_a_speedup_only_when_named_applies_only_where_a_list_names_it_and_auto_and_all_say_why():
-    # resize_in_torch: its values are not rfdetr's; batch_copy_beside_the_step: its gain is not yet measured
-    only_when_named = ["batch_copy_beside_the_step", "resize_in_torch"]
+    # resize_in_torch: its values are not rfdetr's; the others: their gain is not yet measured
+    only_when_named = ["batch_copy_beside_the_step", "normalization_in_one_kernel", "resize_in_torch"]
     assert [speedup.name for speedup in SPEEDUPS if speedup.only_when_named] == only_when_named
     assert set(NAMES) - set(BY_DEFAULT) == set(only_when_named)
     for setting in ("auto", "all"):

@@ -212,6 +212,16 @@ SPEEDUPS: tuple[Speedup, ...] = (
         reads=("rfdetr.datasets.transforms:Normalize.__init__",),
     ),
     _patch(
+        "normalization_in_one_kernel",
+        (),  # it changes the conversion images_as_bytes and validation_images_as_bytes add, none of rfdetr's code
+        "where images_as_bytes or validation_images_as_bytes is on, the GPU makes the batch's normalised floats from "
+        "its bytes in one Triton kernel, not five passes of PyTorch's, bit for bit",
+        reads=(f"{DATA_MODULE}.on_after_batch_transfer",),
+        needs=("triton",),
+        gpu_only=True,  # its kernel runs on CUDA only (the tests run it in Triton's interpreter)
+        only_when_named="its gain in the train stage is not yet measured",
+    ),
+    _patch(
         "resize_in_torch",
         ("rfdetr.datasets.coco:_route_transforms",),
         "training images are resized, cropped and flipped as uint8 tensors by torchvision, not as Pillow images",

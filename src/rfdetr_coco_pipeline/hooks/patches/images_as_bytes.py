@@ -68,12 +68,27 @@ def bytes_pipeline(compose: Any) -> RelativeTargets | None:
     return relative_targets
 
 
+def normalize_in_torch(images: Any, padding: Any, mean: Any, std: Any) -> Any:
+    """rfdetr's floats of (N, C, H, W) uint8 `images`: the same operations, in the same order, as its `ToDtype` and
+    torchvision's `normalize` with (C, 1, 1) float32 `mean` and `std`; zero where (N, H, W) `padding` is set."""
+    import torch
+    from torchvision.transforms.v2.functional import to_dtype_image
+
+    floats = to_dtype_image(images, torch.float32, scale=True).sub_(mean).div_(std)
+    if padding is not None:
+        # rfdetr pads after normalising, with zeros: padding converted from zero bytes is not zero.
+        floats.masked_fill_(padding.unsqueeze(1), 0.0)
+    return floats
+
+
 class DeviceNormalize:
-    """rfdetr's float conversion and normalisation, on a batch already on its device, without host waits."""
+    """rfdetr's float conversion and normalisation, on a batch already on its device, without host waits.
+    `convert` makes the floats: `normalize_in_torch`, or a function that gives its values bit for bit."""
 
     def __init__(self) -> None:
         self.mean_std: tuple[tuple[float, ...], tuple[float, ...]] | None = None
         self.on_device: dict[Any, tuple[Any, Any]] = {}
+        self.convert: Callable[[Any, Any, Any, Any], Any] = normalize_in_torch
 
     def remember(self, step: RelativeTargets) -> None:
         found = (step.mean, step.std)
@@ -84,7 +99,6 @@ class DeviceNormalize:
     def __call__(self, samples: Any) -> Any:
         import torch
         from rfdetr.utilities.tensors import NestedTensor
-        from torchvision.transforms.v2.functional import to_dtype_image
 
         images = samples.tensors
         if images.dtype != torch.uint8:
@@ -98,11 +112,7 @@ class DeviceNormalize:
                 send_without_waiting(std, images.device),
             )
         mean, std = self.on_device[images.device]
-        # The same operations, in the same order, as rfdetr's ToDtype and torchvision's normalize.
-        floats = to_dtype_image(images, torch.float32, scale=True).sub_(mean).div_(std)
-        if samples.mask is not None:
-            # rfdetr pads after normalising, with zeros: padding converted from zero bytes is not zero.
-            floats.masked_fill_(samples.mask.unsqueeze(1), 0.0)
+        floats = self.convert(images, samples.mask, mean, std)
         # rfdetr's claim that no image is padded travels on: its model then skips the padding mask's work
         return NestedTensor(floats, samples.mask, samples.no_padding)
 
