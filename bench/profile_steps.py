@@ -19,7 +19,10 @@ settings come from the environment (e.g. TORCHINDUCTOR_COORDINATE_DESCENT_TUNING
 result records every TORCHINDUCTOR_ variable set, and the run's name coordinate descent.
 
 If the GPU is busy a fraction f of a step, a step made of the same kernels cannot run faster than f times the
-step's time however little the host does: 1/f is the ceiling on the speed-up from removing host overhead.
+step's time however little the host does: 1/f is the ceiling on the speed-up from removing host overhead. Where the
+GPU was busy under 90 % of the profiled steps, the result's `profiled.host_held_the_steps` (and stderr) says so: the
+host held them, and their rate is the host's. Its defaults are the notebook's (torch's threads, workers not niced);
+the train stage's are `--threads 1 --loader-niceness 10`.
 """
 
 from __future__ import annotations
@@ -112,6 +115,18 @@ def summarize_events(events: list[tuple[str, bool, int, int]], steps: int, top: 
             [name[:120], round(seconds / steps * 1e3, 2), round(calls[name] / steps)] for name, seconds in host_ops
         ],
     }
+
+
+def host_holds_warning(busy_seconds: float, step_seconds: float, threads: int) -> str | None:
+    """A warning when the GPU was busy under 90 % of the profiled steps: the host held them, so their rate measures
+    the host (with torch's many threads, the loader's workers and the training process compete for the cores)."""
+    if not step_seconds or busy_seconds / step_seconds >= 0.9:
+        return None
+    hint = " The train stage runs one: pass --threads 1 --loader-niceness 10." if threads > 1 else ""
+    return (
+        f"The GPU was busy {busy_seconds / step_seconds:.0%} of the profiled steps: the host held them, so their rate "
+        f"measures the host, not the GPU's work. This run used {threads} host thread{'s' * (threads != 1)}.{hint}"
+    )
 
 
 def annotation_names(events: Iterable[Any]) -> set[str]:
@@ -263,7 +278,11 @@ class StepProfile(pl.Callback):
         self.result["gpu_busy_fraction"] = round(busy / base, 3) if self.cuda else None
         self.result["ceiling_speedup_without_host_overhead"] = round(base / busy, 2) if self.cuda and busy else None
         self.result["peak_memory_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 1) if self.cuda else None
+        warning = host_holds_warning(busy, wall / self.steps, torch.get_num_threads()) if self.cuda else None
+        self.result["profiled"]["host_held_the_steps"] = warning
         self.out.write_text(json.dumps(self.result, indent=1) + "\n")
+        if warning:
+            print(warning, file=sys.stderr, flush=True)
         if self.trace:  # the whole timeline, for a look in Perfetto or chrome://tracing (torch gzips a .gz name)
             self.profiler.export_chrome_trace(str(self.out.with_suffix(".trace.json.gz")))
         print(json.dumps(self.result, indent=1), flush=True)

@@ -249,6 +249,18 @@ def test_a_step_profile_separates_gpu_work_from_host_waits_and_counts_per_step()
     assert summarize_events(twins, steps=1)["top_kernels_ms_per_step"] == [[long_name[:120], 3.0]]
 
 
+def test_a_step_profile_says_when_the_host_held_the_steps_and_what_to_pass():
+    from bench.profile_steps import host_holds_warning
+
+    assert host_holds_warning(0.136, 0.141, threads=16) is None  # 96 % busy: the GPU holds the step
+    warning = host_holds_warning(0.136, 0.197, threads=16)
+    assert warning.startswith("The GPU was busy 69% of the profiled steps: the host held them")
+    assert warning.endswith(
+        "This run used 16 host threads. The train stage runs one: pass --threads 1 --loader-niceness 10."
+    )
+    assert host_holds_warning(0.136, 0.197, threads=1).endswith("This run used 1 host thread.")
+
+
 def test_the_profilers_annotations_are_told_apart_from_work():
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
