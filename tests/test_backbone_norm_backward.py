@@ -8,8 +8,6 @@ reads it when the kernels are defined); on the GPU it runs compiled."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from collections import Counter
 
 import pytest
@@ -25,17 +23,9 @@ from tests.helpers.rfdetr_steps import (
     nano_and_batch,
     nano_training_step,
 )
+from tests.helpers.triton_interpreter import in_the_interpreter
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPEEDUP = ["backbone_norm_backward_in_one_pass"]
-
-
-def in_the_interpreter(code: str) -> None:
-    """Run `code` in a fresh Python with Triton's interpreter on; fail with its error output if it fails."""
-    pytest.importorskip("triton", reason="Triton comes with torch's Linux wheels; without it the kernel never runs")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": ROOT}
-    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert run.returncode == 0, run.stderr[-4000:]
 
 
 def check_kernel_against_autograd(

@@ -17,7 +17,7 @@ from tests.helpers.activation_grad_products import (
     check_step_with_the_kernel,
     check_step_without_the_kernel,
 )
-from tests.test_backbone_norm_backward import in_the_interpreter
+from tests.helpers.triton_interpreter import in_the_interpreter
 
 SPEEDUPS = ["decoder_relu_in_the_product", "decoder_relu_mask_in_the_product"]
 BACKWARD = "FeedForwardReLUBackward"  # the autograd function whose backward runs the kernel

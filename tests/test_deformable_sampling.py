@@ -6,17 +6,13 @@ reads it when the kernels are defined); on the GPU they run compiled, at RF-DETR
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
 
 from rfdetr_coco_pipeline.hooks.patches.deformable_sampling import bilinear_sample, deformable_sampling
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.helpers.triton_interpreter import in_the_interpreter
 
 
 def differences(device: str, maps: int, height: int, width: int, queries: int, seed: int = 0) -> dict[str, float]:
@@ -38,16 +34,12 @@ def differences(device: str, maps: int, height: int, width: int, queries: int, s
 
 
 def test_in_tritons_interpreter_the_kernels_give_grid_samples_values_and_gradients():
-    pytest.importorskip("triton", reason="Triton comes with torch's Linux wheels; without it the kernels never run")
     # 2 maps of 6 x 5 pixels, 37 queries x 2 points: 74 samples, more than one block of 64 and not a multiple of it
     code = (
         "import json; from tests.test_deformable_sampling import differences; "
         "print(json.dumps(differences('cpu', maps=2, height=6, width=5, queries=37)))"
     )
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": ROOT}
-    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    found = json.loads(run.stdout.strip().splitlines()[-1])
+    found = json.loads(in_the_interpreter(code).strip().splitlines()[-1])
     assert found.keys() == {"output", "grad_value", "grad_grid"}
     assert all(difference < 1e-5 for difference in found.values()), found
 

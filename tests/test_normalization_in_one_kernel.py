@@ -7,17 +7,14 @@ show; on the GPU it runs compiled, at the train stage's batch."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from rfdetr_coco_pipeline.hooks.patches.images_as_bytes import normalize_in_torch
 from rfdetr_coco_pipeline.hooks.patches.normalization_in_one_kernel import normalize_in_one_kernel
+from tests.helpers.triton_interpreter import in_the_interpreter
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # rfdetr's Normalize
 
 
@@ -42,16 +39,12 @@ def mismatches(device: str, images: int, height: int, width: int, padded: bool) 
 
 
 def test_in_tritons_interpreter_the_kernel_gives_the_floats_bit_for_bit():
-    pytest.importorskip("triton", reason="Triton comes with torch's Linux wheels; without it the kernel never runs")
     # 3 images of 3 x 37 x 29: 9,657 values, not a multiple of the kernel's block
     code = (
         "import json; from tests.test_normalization_in_one_kernel import mismatches; "
         "print(json.dumps([mismatches('cpu', 3, 37, 29, padded) for padded in (True, False)]))"
     )
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": ROOT}
-    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    padded, unpadded = json.loads(run.stdout.strip().splitlines()[-1])
+    padded, unpadded = json.loads(in_the_interpreter(code).strip().splitlines()[-1])
     assert padded["values"] == unpadded["values"] == 0
     assert padded["zeros"] == padded["their_zeros"] >= 3 * 3 * 18 * 19  # the padding is zero in every channel
 
