@@ -212,8 +212,8 @@ def test_on_the_cpu_auto_leaves_the_gpu_only_speedups_off_and_all_applies_them()
 
 
 def test_a_speedup_only_when_named_applies_only_where_a_list_names_it_and_auto_and_all_say_why():
-    # resize_in_torch: its values are not rfdetr's; the others: their gain is not yet measured
-    only_when_named = ["batch_copy_beside_the_step", "normalization_in_one_kernel", "resize_in_torch"]
+    # resize_in_torch: its values are not rfdetr's
+    only_when_named = ["resize_in_torch"]
     assert [speedup.name for speedup in SPEEDUPS if speedup.only_when_named] == only_when_named
     assert set(NAMES) - set(BY_DEFAULT) == set(only_when_named)
     for setting in ("auto", "all"):

@@ -203,7 +203,6 @@ SPEEDUPS: tuple[Speedup, ...] = (
         "on the step's stream",
         reads=("rfdetr.utilities.tensors:NestedTensor.__init__",),
         gpu_only=True,  # on the CPU there is no copy to overlap
-        only_when_named="its gain in the train stage is not yet measured",
     ),
     _patch(
         "validation_images_as_bytes",
@@ -219,7 +218,6 @@ SPEEDUPS: tuple[Speedup, ...] = (
         reads=(f"{DATA_MODULE}.on_after_batch_transfer",),
         needs=("triton",),
         gpu_only=True,  # its kernel runs on CUDA only (the tests run it in Triton's interpreter)
-        only_when_named="its gain in the train stage is not yet measured",
     ),
     _patch(
         "resize_in_torch",
