@@ -1051,3 +1051,43 @@ def test_the_norm_kernel_configurations_are_each_timed_and_give_the_shipped_ones
         "programs_per_multiprocessor": lever.PROGRAMS_PER_MULTIPROCESSOR,
     }
     assert printed.count(" us ") == 4
+
+
+def test_gradient_copies_at_a_compiled_boundary_are_counted_and_maps_as_slices_of_one_buffer_make_none():
+    """bench.gradient_copies on two compiled graphs, like rfdetr's backbone (four maps) and projector (the maps
+    joined along the channels for a channels-last convolution): rfdetr's contiguous maps get their gradients as
+    channel slices, each copied before the first graph's backward; the maps of backbone_maps_in_one_buffer, channel
+    slices of one buffer, get none, and the gradients are the same."""
+    import torch
+
+    from bench.gradient_copies import counting_gradient_copies
+    from rfdetr_coco_pipeline.hooks.patches.backbone_maps_in_one_buffer import maps_as_slices
+
+    batch, rows, width = 2, 4, 8
+    torch.manual_seed(0)
+    linear, convolution = torch.nn.Linear(width, width), torch.nn.Conv2d(4 * width, width, 1)
+
+    def grids(tokens):
+        return [(linear(tokens) * (i + 1)).reshape(batch, rows, rows, width) for i in range(4)]
+
+    def rfdetrs_maps(tokens):
+        return [grid.permute(0, 3, 1, 2).contiguous() for grid in grids(tokens)]
+
+    def projector(maps):
+        joined = torch.cat(maps, dim=1).contiguous(memory_format=torch.channels_last)
+        return convolution(joined).square().sum()
+
+    tokens = torch.randn(batch * rows * rows, width)
+    counts, gradients = {}, {}
+    for name, maps in (("rfdetr", rfdetrs_maps), ("one buffer", lambda t: maps_as_slices(grids(t)))):
+        backbone, joined = torch.compile(maps), torch.compile(projector)
+        for _ in range(2):  # the first step compiles
+            linear.zero_grad()
+            with counting_gradient_copies() as copies:
+                joined(backbone(tokens)).backward()
+        counts[name], gradients[name] = copies, linear.weight.grad.clone()
+    slice_of_channels_last = (rows * rows * 4 * width, 1, rows * 4 * width, 4 * width)
+    contiguous = (width * rows * rows, rows * rows, rows, 1)
+    assert counts["rfdetr"] == {((batch, width, rows, rows), slice_of_channels_last, contiguous, "float32"): 4}
+    assert counts["one buffer"] == {}
+    assert torch.allclose(gradients["one buffer"], gradients["rfdetr"], rtol=1e-5, atol=1e-6)

@@ -254,6 +254,14 @@ SPEEDUPS: tuple[Speedup, ...] = (
         gpu_only=True,  # its kernel runs on CUDA only (the tests run it in Triton's interpreter)
     ),
     _patch(
+        "backbone_maps_in_one_buffer",
+        (f"{BACKBONE}:WindowedDinov2WithRegistersBackbone.forward",),
+        "in training the backbone's four feature maps are channel slices of one channels-last buffer, laid out as "
+        "their gradients come back, so the compiled backward does not copy those into contiguous tensors first",
+        reads=(f"{BACKBONE}:WindowedDinov2WithRegistersBackbone.__init__",),
+        only_when_named="its gain in the train stage is not yet measured",
+    ),
+    _patch(
         "decoder_attention_on_views",
         (DECODER_LAYER_FORWARD,),
         "in training the decoder's grouped self-attention works on views of the queries: no regrouping copies",

@@ -38,6 +38,8 @@ CHECKED: dict[str, tuple[str, ...]] = {
     "rfdetr.models.backbone.dinov2_with_windowed_attn:WindowedDinov2WithRegistersLayer.__init__": ("89650a67df96",),
     "rfdetr.models.backbone.dinov2_with_windowed_attn:Dinov2WithRegistersLayerScale.__init__": ("48e4b3a712dc",),
     "rfdetr.models.backbone.dinov2_with_windowed_attn:WindowedDinov2WithRegistersEncoder.forward": ("24d51e800f76",),
+    "rfdetr.models.backbone.dinov2_with_windowed_attn:WindowedDinov2WithRegistersBackbone.forward": ("5b6c605e2cd3",),
+    "rfdetr.models.backbone.dinov2_with_windowed_attn:WindowedDinov2WithRegistersBackbone.__init__": ("c78e877359b2",),
     "rfdetr.models.backbone.dinov2_with_windowed_attn:WindowedDinov2WithRegistersEncoder.__init__": ("004f0d125185",),
     "rfdetr.models.matcher:HungarianMatcher._compute_compact_detection_cost_matrix": ("954badbcd4cf",),
     "rfdetr.training.callbacks.coco_eval:COCOEvalCallback._convert_targets": ("f692fc7518a9",),
