@@ -553,7 +553,8 @@ def test_a_damaged_in_progress_checkpoint_is_kept_aside_and_the_block_resumes_fr
 ):
     """`last.ckpt` cut to half its size, as a full disk or a node lost mid-write leaves it, after block 2 trained but
     before its outputs were written: the next run keeps the damaged file aside, says so, and trains block 2 again
-    from block 1's checkpoint; every later run is unaffected by it."""
+    from block 1's checkpoint; every later run is unaffected by it. (The runs ask for block 2's checkpoint: what
+    follows it, evaluated and exported again, is the same as in the module's run.)"""
     workdir = tmp_path / "run"
     shutil.copytree(two_block_run[0], workdir, symlinks=True)
     shutil.rmtree(workdir / "results" / "train" / "block_02")
@@ -563,7 +564,8 @@ def test_a_damaged_in_progress_checkpoint_is_kept_aside_and_the_block_resumes_fr
     cut = last.read_bytes()[: last.stat().st_size // 2]
     last.write_bytes(cut)
 
-    result = run_snakemake(workdir)
+    block_2 = "results/train/block_02/checkpoint.ckpt"
+    result = run_snakemake(workdir, block_2)
     assert result.returncode == 0, result.stdout[-5000:]
     assert jobs_run(result.stdout).count("train_block") == 1  # block 2 only
     (damaged,) = state.glob("last.damaged-*.ckpt")
@@ -575,7 +577,7 @@ def test_a_damaged_in_progress_checkpoint_is_kept_aside_and_the_block_resumes_fr
     assert run["resumed_from"].endswith("block_01/checkpoint.ckpt")
     checkpoint = torch.load(workdir / "results/train/block_02/checkpoint.ckpt", map_location="cpu", weights_only=False)
     assert checkpoint["epoch"] == 1
-    again = run_snakemake(workdir)
+    again = run_snakemake(workdir, block_2)
     assert again.returncode == 0 and jobs_run(again.stdout) == []
 
 
