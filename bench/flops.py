@@ -54,13 +54,14 @@ def synthetic_batch(batch: int, resolution: int, boxes_per_image: int = 7) -> tu
     return NestedTensor(images, mask), targets
 
 
-def training_module(resolution: int, batch: int) -> Any:
-    """rfdetr's Lightning module for Nano as the recipe trains it (no pretrained weights), in training mode."""
+def training_module(resolution: int, batch: int, **model: Any) -> Any:
+    """rfdetr's Lightning module for Nano as the recipe trains it (no pretrained weights), in training mode
+    (`model`: further Nano settings, as a CPU tool's smaller `num_queries`)."""
     from rfdetr import RFDETRNano
     from rfdetr.training import RFDETRModelModule
 
     torch.manual_seed(0)
-    detector = RFDETRNano(pretrain_weights=None, resolution=resolution, device="cpu")
+    detector = RFDETRNano(pretrain_weights=None, resolution=resolution, device="cpu", **model)
     train_config = detector.get_train_config(dataset_dir=".", batch_size=batch, epochs=1, tensorboard=False)
     module = RFDETRModelModule(detector.model_config, train_config)
     return module.train()

@@ -52,37 +52,25 @@ def counting_gradient_copies() -> Iterator[collections.Counter]:
         runtime_wrappers.coerce_to_expected_memory_format = coerce
 
 
-def copies_per_step(speedups: str | list[str], resolution: int, num_queries: int, steps: int) -> list[dict]:
+def copies_per_step(names: list[str], resolution: int, num_queries: int, steps: int) -> list[dict]:
     """Each step's copies (a list of {shape, strides, copied_to, dtype, count}) of rfdetr's Nano compiled as one
-    fixed shape, trained on two synthetic images with `speedups` (train.speedups' form), each applied as on a GPU
-    (a kernel that runs on CUDA only falls back to rfdetr's code on the CPU)."""
-    import tempfile
+    fixed shape, trained on two synthetic images with the speedups `names` each applied as on a GPU (a kernel that
+    runs on CUDA only falls back to rfdetr's code on the CPU), so that two lists differ only in what they name."""
     from types import SimpleNamespace
 
-    from rfdetr.config import RFDETRNanoConfig, TrainConfig
-    from rfdetr.training.module_model import RFDETRModelModule
+    from bench.flops import synthetic_batch, training_module
+    from rfdetr_coco_pipeline.hooks import applied, select_speedups
+    from rfdetr_coco_pipeline.versions import package_version
 
-    from bench.flops import synthetic_batch
-    from rfdetr_coco_pipeline.hooks import applied, select_speedups, wanted_names
-
-    torch.manual_seed(0)
-    with tempfile.TemporaryDirectory() as folder:
-        module = RFDETRModelModule(
-            RFDETRNanoConfig(pretrain_weights=None, resolution=resolution, num_queries=num_queries, device="cpu"),
-            TrainConfig(dataset_dir=folder, output_dir=folder),
-        )
-    model = module.model.train()
-    compiled = torch.compile(model, dynamic=False)
+    module = training_module(resolution, 2, num_queries=num_queries)
+    compiled = torch.compile(module.model, dynamic=False)
     images, targets = synthetic_batch(2, resolution)
     weights = module.criterion.weight_dict
     per_step = []
-    # no data loader here: nice_loader_workers has nothing to do
-    # named one by one, so that a GPU-only speedup applies as on a GPU and two settings differ only where they name
-    # different speedups
-    selection = select_speedups(wanted_names(speedups), "1.11.2", device_kind="cpu")
-    with applied(selection, SimpleNamespace(loader_niceness=0)):
+    selection = select_speedups(names, package_version("rfdetr"), device_kind="cpu")
+    with applied(selection, SimpleNamespace(loader_niceness=0)):  # no data loader here to nice
         for _ in range(steps):
-            model.zero_grad(set_to_none=True)
+            module.model.zero_grad(set_to_none=True)
             with counting_gradient_copies() as copies:
                 losses = module.criterion(compiled(images, targets), targets)
                 sum(losses[k] * weights[k] for k in losses if k in weights).backward()
@@ -106,9 +94,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
-    per_step = copies_per_step(args.speedups, args.resolution, args.num_queries, args.steps)
+    names = wanted_names(args.speedups)
+    per_step = copies_per_step(names, args.resolution, args.num_queries, args.steps)
     result = {
-        "speedups": wanted_names(args.speedups),
+        "speedups": names,
         "resolution": args.resolution,
         "num_queries": args.num_queries,
         "torch": torch.__version__,
