@@ -98,6 +98,8 @@ class GraphCounts:
             setattr(CUDAGraphTreeManager, name, counted)
 
     def stop(self) -> None:
+        if not self._originals:  # never started: importing Inductor only to restore nothing costs seconds
+            return
         from torch._inductor.cudagraph_trees import CUDAGraphTreeManager
 
         for name, original in self._originals.items():
