@@ -40,7 +40,7 @@ ENCODER = "rfdetr.models.backbone.dinov2_with_windowed_attn:WindowedDinov2WithRe
 TILE = 1  # rows a program holds at once
 WARPS = 2
 PROGRAMS_PER_MULTIPROCESSOR = 8
-PROGRAMS = 1024  # where no GPU says how many fit (Triton's interpreter): each writes one row of partial sums
+PROGRAMS = 16  # where no GPU says how many fit (Triton's interpreter): few, so that each loops over rows as on a GPU
 
 
 def _kernels() -> Any:
