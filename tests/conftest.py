@@ -23,7 +23,14 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # The files that run the workflow, longest first: with the three pytest-xdist workers of pyproject.toml, each
 # taking whole files in this order, the three longest start at once and the short files fill in behind them, rather
 # than one of them starting last while the other workers have nothing left to do.
-LONGEST_FILES = ["test_faults.py", "test_slurm.py", "test_pipeline.py", "test_shared_machine.py", "test_hook_gate.py"]
+LONGEST_FILES = [
+    "test_pipeline.py",
+    "test_slurm.py",
+    "test_faults.py",
+    "test_training_faults.py",
+    "test_shared_machine.py",
+    "test_hook_gate.py",
+]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -156,7 +156,7 @@ def test_a_gpu_out_of_memory_ends_the_block_with_what_to_change(workdir, server,
 def test_a_loss_that_is_no_longer_finite_stops_the_block_on_the_gpu_too(workdir, server, archives, tmp_path):
     """The NaN guard where it checks without waiting for the GPU (a step later): compiled, with CUDA graphs where
     the profile has them; the block stops in the epoch the loss went bad and the last good checkpoint stays."""
-    from tests.test_faults import NAN_FAULT
+    from tests.test_training_faults import NAN_FAULT
 
     site = tmp_path / "nan-fault"
     for name, text in NAN_FAULT.items():

@@ -158,3 +158,18 @@ def kill_group(snakemake: subprocess.Popen[str], sig: int = signal.SIGKILL) -> N
     """Kill snakemake and every job it started, at once: what a lost node or `kill -9` does."""
     os.killpg(snakemake.pid, sig)
     snakemake.wait(timeout=60)
+
+
+def rerun_after_a_kill(workdir: Path, *targets: str) -> str:
+    """What the README says to do after a killed snakemake: unlock, then the same command again."""
+    locked = run_snakemake(workdir, *targets)
+    assert locked.returncode != 0 and "--unlock" in locked.stdout  # the stale lock is named, with its fix
+    assert run_snakemake(workdir, "--unlock").returncode == 0
+    result = run_snakemake(workdir, *targets)
+    assert result.returncode == 0, result.stdout[-3000:]
+    return result.stdout
+
+
+def times_fetched(server: Any, archive: str) -> int:
+    """How many GET requests the test's ArchiveServer answered for `archive`.zip."""
+    return len(server.gets(f"{archive}.zip"))
