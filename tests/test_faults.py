@@ -19,6 +19,8 @@ from rfdetr_coco_pipeline.data.dataset import MARKER
 from tests.helpers.archive_server import ArchiveServer
 from tests.helpers.tiny_coco import make_archives, make_split, md5
 from tests.helpers.workflow import (
+    BLOCK,
+    VERIFIED,
     jobs_run,
     kill_group,
     rerun_after_a_kill,
@@ -32,8 +34,6 @@ from tests.helpers.workflow import (
 )
 
 pytestmark = pytest.mark.slow
-VERIFIED = "results/verify/dataset.json"
-BLOCK = "results/train/block_01/run.json"  # the first block's outputs (and everything before them)
 
 
 # ------------------------------------------------------------------------------------------------ network ----

@@ -10,11 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.workflow import run_snakemake, start_snakemake, tiny_config, write_config
+from tests.helpers.workflow import VERIFIED, run_snakemake, start_snakemake, tiny_config, write_config
 
 pytestmark = pytest.mark.slow
 
-VERIFIED = "results/verify/dataset.json"  # the data steps only: download, extract, verify
 
 NO_LOCKS = r"""
 /* Locks refused under one folder, as NFS without its lock daemon refuses them: flock() and fcntl() locks on files

@@ -18,6 +18,8 @@ import torch
 
 from tests.helpers.figures import drawn, lines_labelled
 from tests.helpers.workflow import (
+    BLOCK,
+    VERIFIED,
     dry_run_jobs,
     jobs_run,
     kill_group,
@@ -32,8 +34,6 @@ from tests.helpers.workflow import (
 )
 
 pytestmark = pytest.mark.slow
-VERIFIED = "results/verify/dataset.json"
-BLOCK = "results/train/block_01/run.json"  # the first block's outputs (and everything before them)
 
 
 def assert_nothing_trained(workdir: Path) -> None:

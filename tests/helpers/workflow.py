@@ -19,6 +19,8 @@ from rfdetr_coco_pipeline.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 N_TRAIN, N_VAL = 8, 4
+VERIFIED = "results/verify/dataset.json"  # the data steps' last output: download, extract, verify
+BLOCK = "results/train/block_01/run.json"  # the first block's outputs (and everything before them)
 
 
 def base_config() -> dict[str, Any]:
