@@ -124,12 +124,16 @@ def test_in_tritons_interpreter_a_nano_training_step_gives_rfdetrs_loss_and_grad
 
 def check_compiled_encoder(tmp_path: str) -> None:
     """The backbone's encoder compiled whole (`fullgraph=True`: no graph breaks) with the speedup, against rfdetr's
-    eager encoder: every hidden state it returns and the gradients within float32 rounding."""
+    eager encoder: every hidden state it returns and the gradients within float32 rounding. The encoder keeps its
+    first four layers, three of windowed attention and one of full attention, both kinds it has: compiling all
+    twelve on the CPU takes minutes and checks nothing more."""
     module, _, _ = nano_and_batch(tmp_path)
     encoder = module.model.backbone[0].encoder.encoder.encoder.train()
+    encoder.layer = encoder.layer[:4]
+    assert encoder.config.window_block_indexes[:4] == [0, 1, 2, 4]  # layer 3 attends in full
     # 2 images of 2 x 2 windows of 4 patches and the class token, as at 64 px
     x = torch.randn(8, 5, 384, generator=torch.Generator().manual_seed(2), requires_grad=True)
-    weights = [encoder.layer[0].norm1.weight, encoder.layer[5].norm2.weight, encoder.layer[11].layer_scale2.lambda1]
+    weights = [encoder.layer[0].norm1.weight, encoder.layer[2].norm2.weight, encoder.layer[3].layer_scale2.lambda1]
 
     def run(forward):
         x.grad = None
@@ -141,7 +145,7 @@ def check_compiled_encoder(tmp_path: str) -> None:
     expected = run(encoder.forward)
     with applied(select_speedups(SPEEDUP, "1.11.2", device_kind="cpu")):
         found = run(torch.compile(encoder.forward, fullgraph=True))
-    assert len(found) == len(expected) == 13 + 4  # the input and each layer's output, then the gradients
+    assert len(found) == len(expected) == 5 + 4  # the input and each layer's output, then the gradients
     for mine, reference in zip(found, expected, strict=True):
         assert (mine - reference).abs().max() <= 1e-5 * reference.abs().max()
 
