@@ -7,6 +7,7 @@ does and what to type."""
 from __future__ import annotations
 
 import contextlib
+import csv
 import json
 import os
 import re
@@ -67,6 +68,9 @@ def test_sigkill_of_snakemake_mid_training_resumes_from_the_last_epoch(workdir, 
     assert [r["epoch"] for r in records] == [0, 1]  # epoch 1 was not trained again
     epochs = json.loads((workdir / "results" / "train" / "block_01" / "epochs.json").read_text())
     assert [r["epoch"] for r in epochs] == [0, 1]
+    # the metrics history: epoch 1's validation, saved before the kill, once, and epoch 2's
+    rows = list(csv.DictReader(open(workdir / "results" / "train" / "block_01" / "metrics.csv")))
+    assert [int(row["epoch"]) for row in rows if row.get("val/mAP_50_95")] == [0, 1]
 
 
 def test_sigterm_of_a_training_job_stops_it_with_the_last_completed_epoch_saved(workdir, server, archives):
